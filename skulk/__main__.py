@@ -1,0 +1,57 @@
+"""Command line: ``python -m skulk serve`` and ``python -m skulk demo-model --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from skulk.config import add_serve_arguments, serve_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m skulk", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve", help="run a node and its HTTP API")
+    add_serve_arguments(serve_p)
+    demo_p = sub.add_parser("demo-model", help="write the built-in demo model to a directory")
+    demo_p.add_argument("--out", type=Path, required=True, help="directory to create")
+    demo_p.add_argument("--seed", type=int, default=None, help="generation seed")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo-model":
+        from skulk.models import DEFAULT_DEMO_SEED, write_demo_model
+
+        seed = DEFAULT_DEMO_SEED if args.seed is None else args.seed
+        path = write_demo_model(args.out, seed=seed)
+        print(f"wrote skulk-demo (seed {seed}) to {path}")
+        return 0
+
+    try:
+        config = serve_config(args, os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from skulk.models import DEMO_MODEL_ID, ModelNotFound, resolve_model
+
+    if config.model != DEMO_MODEL_ID:  # fail fast on a typo (the demo model resolves slowly)
+        try:
+            resolve_model(config.model, config.home)
+        except ModelNotFound as exc:
+            parser.error(str(exc))
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import trio
+
+    from skulk.serve import serve
+
+    trio.run(serve, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

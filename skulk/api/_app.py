@@ -1,0 +1,138 @@
+"""The Quart-Trio application: OpenAI-compatible routes, health and the WebSocket endpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import attrs
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from skulk.api._openai import (
+    SSE_DONE,
+    ApiError,
+    parse_chat_completions,
+    parse_completions,
+    sse_event,
+)
+from skulk.api._stream import Request, complete, stream_chunks, unavailable_error
+from skulk.api._ws import serve_websocket
+from skulk.worker import ModelService, ModelUnavailable
+
+log = logging.getLogger("skulk.api")
+
+
+def create_app(service: ModelService) -> QuartTrio:
+    """The HTTP API for a node serving ``service``'s model."""
+    app = QuartTrio("skulk")
+    app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
+
+    @app.errorhandler(ApiError)
+    async def api_error(exc: ApiError) -> Response:
+        return _json(exc.envelope(), exc.status)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        kind = {404: "not_found_error"}.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        code = exc.name.lower().replace(" ", "_")
+        err = ApiError(status, exc.description or exc.name, type=kind, code=code)
+        return _json(err.envelope(), status)
+
+    @app.errorhandler(Exception)
+    async def internal_error(exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        err = ApiError.server_error("internal server error", code="internal")
+        return _json(err.envelope(), 500)
+
+    @app.get("/health")
+    async def health() -> Response:
+        s = service.status()
+        body: dict[str, object] = {
+            "status": "ok" if s.ready else s.state,
+            "model": s.model_id,
+            "state": s.state,
+            "progress": {"loaded": s.loaded, "total": s.total},
+            "restarts": s.restarts,
+        }
+        if s.failure_reason:
+            body["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
+        return _json(body, 200 if s.ready else 503)
+
+    @app.get("/v1/diagnostics/node")
+    async def diagnostics() -> Response:
+        stats = service.runner_statistics()
+        return _json(
+            {
+                "model": attrs.asdict(service.status()),
+                "runner": attrs.asdict(stats) if stats else None,
+            },
+            200,
+        )
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        s = service.status()
+        card = {
+            "id": s.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "skulk",
+            "status": s.state,
+        }
+        return _json({"object": "list", "data": [card]}, 200)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        return await _generate(parse_chat_completions(await _body()))
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await _generate(parse_completions(await _body()))
+
+    async def _generate(req: Request) -> Response:
+        if req.model != service.model_id:
+            raise ApiError.model_not_found(req.model)
+        if not service.status().ready:
+            raise unavailable_error(ModelUnavailable(service.status()))
+        if not req.stream:
+            return _json(await complete(service, req), 200)
+
+        async def events() -> AsyncIterator[bytes]:
+            # A client disconnect cancels this generator; leaving it cancels the generation.
+            try:
+                async for chunk in stream_chunks(service, req):
+                    yield sse_event(chunk)
+            except ApiError as exc:
+                yield sse_event(exc.envelope())
+            yield SSE_DONE
+
+        response = Response(events(), status=200, content_type="text/event-stream")
+        response.headers["Cache-Control"] = "no-cache"
+        response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut long streams
+        return response
+
+    @app.websocket("/v1/ws")
+    async def ws() -> None:
+        await serve_websocket(service)
+
+    return app
+
+
+async def _body() -> object:
+    raw = await request.get_data(as_text=False)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ApiError.invalid(
+            None, f"request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+
+
+def _json(body: object, status: int) -> Response:
+    return Response(json.dumps(body), status=status, content_type="application/json")

@@ -1,0 +1,108 @@
+"""``GET /v1/ws``: several chat completions streamed over one WebSocket.
+
+Client → server (JSON text messages)::
+
+    {"id": "<client id>", "type": "chat.completions", "body": <chat completions request>}
+    {"id": "<client id>", "type": "cancel"}
+
+Server → client, per request id: ``{"id", "type": "chunk", "data": <chat.completion.chunk>}``
+messages, then exactly one ``{"id", "type": "done"}`` or ``{"id", "type": "error", "error":
+{...}}`` (a cancelled request ends with an error whose ``code`` is ``"cancelled"``). A message
+that cannot be attributed to a request gets an error with ``"id": null``. Closing the socket
+cancels everything in flight.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+from quart import websocket
+
+from skulk.api._openai import ApiError, parse_chat_completions
+from skulk.api._stream import stream_chunks
+from skulk.worker import ModelService
+
+#: Requests one socket may have in flight; more are refused with ``too_many_requests``.
+MAX_IN_FLIGHT = 32
+
+
+async def serve_websocket(service: ModelService) -> None:
+    ws: Any = websocket
+    send_lock = trio.Lock()
+    active: dict[str, trio.CancelScope] = {}
+
+    async def send(message: dict[str, object]) -> None:
+        async with send_lock:
+            await ws.send(json.dumps(message))
+
+    async def error(rid: str | None, err: ApiError) -> None:
+        await send({"id": rid, "type": "error", "error": err.envelope()["error"]})
+
+    async def run_request(rid: str, body: object, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                try:
+                    if isinstance(body, dict):
+                        body = {**body, "stream": True}  # always streamed over the socket
+                    req = parse_chat_completions(body)
+                    if req.model != service.model_id:
+                        raise ApiError.model_not_found(req.model)
+                    async for chunk in stream_chunks(service, req):
+                        await send({"id": rid, "type": "chunk", "data": chunk})
+                except ApiError as exc:
+                    await error(rid, exc)
+                    return
+                await send({"id": rid, "type": "done"})
+            if scope.cancelled_caught:
+                await error(rid, ApiError(499, "request cancelled by the client", code="cancelled"))
+        finally:
+            active.pop(rid, None)
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            raw = await ws.receive()
+            try:
+                message = json.loads(raw)
+            except (TypeError, ValueError):
+                await error(None, _bad("message is not valid JSON text", None))
+                continue
+            if not isinstance(message, dict):
+                await error(None, _bad("message must be a JSON object", None))
+                continue
+            rid = message.get("id")
+            if not isinstance(rid, str) or not rid:
+                await error(None, _bad("id must be a non-empty string", "id"))
+                continue
+            kind = message.get("type")
+            if kind == "cancel":
+                if (scope := active.get(rid)) is not None:
+                    scope.cancel()
+                continue
+            if kind != "chat.completions":
+                await error(rid, _bad('type must be "chat.completions" or "cancel"', "type"))
+                continue
+            if rid in active:
+                await error(rid, _bad("a request with this id is already in flight", "id"))
+                continue
+            if len(active) >= MAX_IN_FLIGHT:
+                await error(
+                    rid,
+                    ApiError(
+                        429,
+                        f"at most {MAX_IN_FLIGHT} requests in flight per socket",
+                        type="rate_limit_error",
+                        code="too_many_requests",
+                    ),
+                )
+                continue
+            if "body" not in message:
+                await error(rid, _bad("body is required", "body"))
+                continue
+            active[rid] = trio.CancelScope()
+            nursery.start_soon(run_request, rid, message["body"], active[rid])
+
+
+def _bad(message: str, param: str | None) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_message")

@@ -1,0 +1,43 @@
+"""Stop-string matching over a stream of text deltas (pure, no mlx)."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Feeds text deltas and releases only text that cannot be the start of a stop string.
+
+    ``feed(delta)`` returns ``(text_to_emit, stopped)``. Once a stop string is seen, the text
+    before it is released, the stop string and everything after it are dropped, and ``stopped``
+    is true. Text that might still become a stop string is held back until it cannot;
+    ``flush()`` releases what is held when generation ends for another reason.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        if not self._stops:
+            return delta, False
+        buf = self._held + delta
+        cut = min((i for s in self._stops if (i := buf.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            return buf[:cut], True
+        keep = self._longest_partial_suffix(buf)
+        self._held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    def _longest_partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
+        best = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(buf)), best, -1):
+                if buf.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,109 @@
+"""``python -m skulk serve``: one node — its model service and its HTTP API — in one Trio tree.
+
+    root nursery
+    ├── signal watcher   SIGINT/SIGTERM → graceful shutdown
+    ├── ModelService     resolves the model, keeps its runner up
+    └── Hypercorn        the Quart-Trio API (trio worker)
+
+Shutdown: stop accepting, give open streams ``GRACEFUL_TIMEOUT`` seconds, then cancel
+everything; the model service's cancellation terminates and reaps the runner's process group.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from skulk.api import create_app
+from skulk.config import ServeConfig
+from skulk.models import resolve_model
+from skulk.runner import RunnerConfig
+from skulk.worker import ModelService
+
+log = logging.getLogger("skulk")
+
+GRACEFUL_TIMEOUT = 3.0
+
+
+async def serve(
+    config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run a node until SIGINT/SIGTERM (or cancellation); ``task_status`` gets the API URL."""
+    model_id, resolve = _resolver(config)
+    service = ModelService(
+        model_id,
+        resolve,
+        RunnerConfig(
+            hello_timeout=config.hello_timeout,
+            load_timeout=config.load_timeout,
+            shutdown_grace=config.shutdown_grace,
+        ),
+    )
+    app = create_app(service)
+    hc = HypercornConfig()
+    hc.bind = [_bind(config.host, config.port)]
+    hc.graceful_timeout = GRACEFUL_TIMEOUT
+    hc.accesslog = logging.getLogger("skulk.access")
+    hc.errorlog = logging.getLogger("skulk.http")
+    hc.keep_alive_timeout = 75
+    shutdown = trio.Event()
+    http_done = trio.Event()
+
+    async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await hypercorn_serve(
+                app,
+                hc,
+                shutdown_trigger=shutdown.wait,
+                task_status=task_status,
+            )
+        finally:
+            http_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
+        nursery.start_soon(service.run)
+        binds: list[str] = await nursery.start(run_http)
+        url = binds[0] if binds else f"http://{config.host}:{config.port}"
+        print(f"skulk: API listening on {url} (model {model_id})", flush=True)
+        task_status.started(url)
+        await shutdown.wait()
+        log.info("shutting down")
+        # Hypercorn returns once open requests finished or its graceful timeout cut them.
+        with trio.move_on_after(GRACEFUL_TIMEOUT + 2):
+            await http_done.wait()
+        nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+def _resolver(config: ServeConfig) -> tuple[str, Callable[[], Path]]:
+    """The model's id now, and a function (slow: may generate the demo model) for its path."""
+    model, home = config.model, config.home
+    model_id = Path(model).name if Path(model).is_dir() else model
+
+    def resolve() -> Path:
+        return resolve_model(model, home)[1]
+
+    return model_id, resolve
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _watch_signals(shutdown: trio.Event, everything: trio.CancelScope) -> None:
+    """First SIGINT/SIGTERM: graceful shutdown. Second: stop at once (still reaping runners)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            if shutdown.is_set():
+                print("skulk: second signal, stopping now", file=sys.stderr, flush=True)
+                everything.cancel()
+            shutdown.set()

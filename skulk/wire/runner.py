@@ -1,0 +1,161 @@
+"""Frames spoken between a node and its runner subprocess over a socketpair.
+
+Parent → runner: :class:`Load`, :class:`Generate`, :class:`Cancel`, :class:`Shutdown`.
+Runner → parent: :class:`Hello`, :class:`LoadProgress`, :class:`Loaded`, :class:`TokenChunk`,
+:class:`Finished`, :class:`RequestFailed`, :class:`RunnerFailed`, :class:`Heartbeat`.
+
+A conversation: the runner starts and sends ``Hello``; the parent checks the protocol version and
+sends ``Load``; the runner answers ``LoadProgress`` frames then ``Loaded`` (or ``RunnerFailed``).
+After that the parent sends ``Generate`` frames (several may be active at once, keyed by
+``request_id``); each active request ends with exactly one ``Finished`` or ``RequestFailed``.
+``Cancel`` for an active request makes it finish with ``finish_reason="cancelled"``; ``Cancel`` for
+an unknown id is ignored (the request may have finished already). ``Shutdown`` asks the runner to
+exit cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+PROTOCOL_VERSION = 1
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@attrs.frozen
+class SamplingParams:
+    """How to pick tokens. ``seed=None`` means random; ``max_tokens=None`` means up to the
+    context limit; ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is
+    greedy. ``stop`` strings end generation and are never emitted."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class ChatMessage:
+    role: str
+    content: str
+
+
+@attrs.frozen
+class ChatPrompt:
+    """Messages rendered by the model's chat template, with the generation prompt added."""
+
+    messages: tuple[ChatMessage, ...]
+
+
+@attrs.frozen
+class TextPrompt:
+    """Raw text, tokenized as is (legacy completions)."""
+
+    text: str
+
+
+Prompt = ChatPrompt | TextPrompt
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+# ---- parent → runner -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Load:
+    model_path: str
+    model_id: str
+
+
+@attrs.frozen
+class Generate:
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+
+
+@attrs.frozen
+class Cancel:
+    request_id: str
+
+
+@attrs.frozen
+class Shutdown:
+    pass
+
+
+# ---- runner → parent -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Hello:
+    protocol_version: int
+    pid: int
+    skulk_version: str
+
+
+@attrs.frozen
+class LoadProgress:
+    loaded: int
+    total: int
+
+
+@attrs.frozen
+class Loaded:
+    model_id: str
+    context_length: int
+
+
+@attrs.frozen
+class TokenChunk:
+    """One decode step's output: the token ids and the text they add (may be empty while a
+    multi-byte character or a possible stop string is held back)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@attrs.frozen
+class Finished:
+    request_id: str
+    finish_reason: FinishReason
+    usage: Usage
+
+
+@attrs.frozen
+class RequestFailed:
+    """A request the runner could not serve; ``reason`` is a stable snake_case name
+    (e.g. ``prompt_too_long``, ``engine_error``)."""
+
+    request_id: str
+    reason: str
+    message: str
+
+
+@attrs.frozen
+class RunnerFailed:
+    """The runner cannot go on (e.g. ``model_not_found``, ``load_error``); it exits after this."""
+
+    reason: str
+    message: str
+
+
+@attrs.frozen
+class Heartbeat:
+    seq: int
+
+
+ToRunner = Load | Generate | Cancel | Shutdown
+FromRunner = (
+    Hello | LoadProgress | Loaded | TokenChunk | Finished | RequestFailed | RunnerFailed | Heartbeat
+)

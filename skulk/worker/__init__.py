@@ -1,0 +1,11 @@
+"""Node-local serving: keeps the runners this node should run alive and admits requests."""
+
+from skulk.worker._model_service import (
+    Generation,
+    ModelService,
+    ModelStatus,
+    ModelUnavailable,
+    RequestFailure,
+)
+
+__all__ = ["Generation", "ModelService", "ModelStatus", "ModelUnavailable", "RequestFailure"]

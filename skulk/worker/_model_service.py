@@ -1,0 +1,195 @@
+"""One model served on this node by one runner, relaunched with backoff when it fails.
+
+:class:`ModelService` resolves the model (generating the built-in demo model on first use),
+starts a :class:`~skulk.runner.Runner`, and relaunches it with exponential backoff when it fails
+for a reason relaunching could fix. :meth:`ModelService.generate` is what the API calls: it
+yields text deltas and ends with a :class:`Generation` summary, or raises a typed
+:class:`RequestFailure` — it never waits on a runner that is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import trio
+
+from skulk.actors import CrashLoopBreaker, RestartPolicy, Trip
+from skulk.runner import Runner, RunnerConfig, RunnerCrashed, RunnerError, RunnerStatistics
+from skulk.wire.runner import (
+    Finished,
+    FinishReason,
+    Prompt,
+    RequestFailed,
+    SamplingParams,
+    TokenChunk,
+    Usage,
+)
+
+log = logging.getLogger("skulk.worker")
+
+State = Literal["resolving", "loading", "ready", "restarting", "failed", "stopped"]
+
+
+@attrs.frozen
+class ModelStatus:
+    model_id: str
+    state: State
+    loaded: int = 0
+    total: int = 0
+    restarts: int = 0
+    failure_reason: str | None = None
+    failure_message: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+
+@attrs.frozen
+class Generation:
+    """How a finished generation ended."""
+
+    finish_reason: FinishReason
+    usage: Usage
+
+
+class ModelUnavailable(Exception):
+    """No runner can take the request now (loading, restarting or failed)."""
+
+    def __init__(self, status: ModelStatus) -> None:
+        super().__init__(f"model {status.model_id} is {status.state}")
+        self.status = status
+
+
+class RequestFailure(Exception):
+    """A request ended without finishing; ``reason`` is a typed name (``prompt_too_long``,
+    ``runner_crashed``, ``runner_stopped``, ...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+#: Relaunch a failed runner after 0.5 s, 1 s, 2 s … (at most 30 s); more than 5 failures within
+#: 5 minutes is a crash loop: the model is marked failed instead of burning memory forever.
+RUNNER_RESTARTS = RestartPolicy(
+    initial_backoff=0.5, max_backoff=30.0, multiplier=2.0, jitter=0.1, max_restarts=5, window=300.0
+)
+
+
+class ModelService:
+    def __init__(
+        self,
+        model_id: str,
+        resolve: Callable[[], Path],
+        runner_config: RunnerConfig | None = None,
+        policy: RestartPolicy = RUNNER_RESTARTS,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self._resolve = resolve
+        self._runner_config = runner_config or RunnerConfig()
+        self._breaker = CrashLoopBreaker(policy, rng or random.Random())
+        self._status = ModelStatus(model_id, "resolving")
+        self._runner: Runner | None = None
+
+    def status(self) -> ModelStatus:
+        return self._status
+
+    def runner_statistics(self) -> RunnerStatistics | None:
+        """The current runner's statistics, or None while none is running."""
+        return self._runner.statistics() if self._runner is not None else None
+
+    async def run(self) -> None:
+        """Resolve the model, then keep a runner up until cancelled or failed for good."""
+        try:
+            path = await trio.to_thread.run_sync(self._resolve)
+        except Exception as exc:
+            reason = "model_not_found" if isinstance(exc, LookupError) else "model_unavailable"
+            self._set(state="failed", failure_reason=reason, failure_message=str(exc))
+            log.error("model %s: %s", self.model_id, exc)
+            return
+        try:
+            while True:
+                runner = Runner(
+                    self.model_id, str(path), self._runner_config, on_progress=self._on_progress
+                )
+                self._set(state="loading", loaded=0, total=0)
+                started = trio.current_time()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(runner.run)
+                        self._runner = runner
+                        self._set(state="ready", failure_reason=None, failure_message=None)
+                except* RunnerError:
+                    pass  # recorded as runner.failure
+                self._runner = None
+                failure = runner.failure or RunnerCrashed("runner stopped unexpectedly")
+                self._set(failure_reason=failure.reason, failure_message=failure.message)
+                if not failure.retryable:
+                    self._set(state="failed")
+                    log.error("model %s failed for good: %s", self.model_id, failure)
+                    return
+                decision = self._breaker.record_crash(
+                    trio.current_time(), trio.current_time() - started
+                )
+                if isinstance(decision, Trip):
+                    self._set(
+                        state="failed",
+                        failure_reason="crash_loop",
+                        failure_message=f"{decision.crashes} runner failures within "
+                        f"{decision.window:g}s, last: {failure}",
+                    )
+                    log.error("model %s: crash loop, not relaunching: %s", self.model_id, failure)
+                    return
+                delay = decision.delay
+                self._set(state="restarting", restarts=self._status.restarts + 1)
+                log.warning("model %s: %s; relaunching in %.1fs", self.model_id, failure, delay)
+                await trio.sleep(delay)
+        finally:
+            self._runner = None
+            if self._status.state != "failed":
+                self._set(state="stopped")
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams
+    ) -> AsyncGenerator[str | Generation, None]:
+        """Yield text deltas, then one :class:`Generation`. Raises :class:`ModelUnavailable`
+        before any output if no runner is ready, :class:`RequestFailure` if it fails."""
+        runner = self._runner
+        if runner is None or not self._status.ready:
+            raise ModelUnavailable(self._status)
+        request_id = uuid.uuid4().hex
+        try:
+            async with runner.open_request(request_id, prompt, params) as events:
+                async for event in events:
+                    if isinstance(event, TokenChunk):
+                        if event.text:
+                            yield event.text
+                    elif isinstance(event, Finished):
+                        if event.finish_reason == "cancelled":  # cancelled by someone else
+                            raise RequestFailure("cancelled", "the request was cancelled")
+                        yield Generation(event.finish_reason, event.usage)
+                        return
+                    elif isinstance(event, RequestFailed):
+                        raise RequestFailure(event.reason, event.message)
+        except RunnerError as exc:
+            raise RequestFailure(exc.reason, exc.message) from exc
+        # The channel closed without a terminal event: the runner is gone.
+        failure = runner.failure
+        if failure is not None:
+            raise RequestFailure(failure.reason, failure.message)
+        raise RequestFailure("runner_stopped", "the runner was stopped")
+
+    def _on_progress(self, loaded: int, total: int) -> None:
+        self._set(loaded=loaded, total=total)
+
+    def _set(self, **changes: object) -> None:
+        self._status = attrs.evolve(self._status, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,132 @@
+"""A real ``python -m skulk serve`` process on an ephemeral loopback port, for e2e tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+START_DEADLINE = 120.0
+_LISTENING = re.compile(r"API listening on (http://\S+)")
+
+
+class Server:
+    """Starts the server, waits until ``/health`` is 200, and always cleans up."""
+
+    def __init__(self, home: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.extra = extra
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.output: deque[str] = deque(maxlen=400)
+        self._url_seen = threading.Event()
+
+    def start(self, *, wait_ready: bool = True) -> Server:
+        cmd = [
+            sys.executable,
+            "-m",
+            "skulk",
+            "serve",
+            "--port",
+            "0",
+            "--home",
+            str(self.home),
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        if not self._url_seen.wait(START_DEADLINE):
+            self.stop()
+            raise AssertionError("server never listened:\n" + self.log())
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line.rstrip())
+            if not self._url_seen.is_set() and (m := _LISTENING.search(line)):
+                self.url = m.group(1)
+                self._url_seen.set()
+
+    def log(self) -> str:
+        return "\n".join(self.output)
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=30, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=60, **kw)
+
+    def wait_ready(self, deadline: float = START_DEADLINE) -> None:
+        self.wait_for(lambda: self.get("/health").status_code == 200, deadline, "ready")
+
+    def wait_for(self, predicate: Any, deadline: float, what: str) -> None:
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited ({self.proc.returncode}):\n{self.log()}")
+            if predicate():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"not {what} within {deadline}s:\n{self.log()}")
+
+    def runner(self) -> dict[str, Any]:
+        runner: dict[str, Any] = self.get("/v1/diagnostics/node").json()["runner"]
+        return runner
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once it is not running.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -1,0 +1,142 @@
+"""WebSocket streaming, disconnect cancellation, runner failure and shutdown of real servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from tests.e2e.server import Server, pid_alive
+
+MODEL = "skulk-demo"
+LONG = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "go on"}],
+    "max_tokens": 1500,
+    "temperature": 1.0,
+    "seed": 11,
+    "stream": True,
+}
+
+
+async def test_websocket_two_requests_one_cancelled(server: Server) -> None:
+    ws_url = server.url.replace("http://", "ws://") + "/v1/ws"
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    long_body = {**LONG, "max_tokens": 1500}
+    del long_body["stream"]
+    with trio.fail_after(60):
+        async with open_websocket_url(ws_url) as ws:
+            await ws.send_message(
+                json.dumps({"id": "a", "type": "chat.completions", "body": long_body})
+            )
+            await ws.send_message(json.dumps({"id": "b", "type": "chat.completions", "body": body}))
+            seen: dict[str, list[dict[str, object]]] = {"a": [], "b": []}
+            cancelled = False
+            while True:
+                msg = json.loads(await ws.get_message())
+                seen[msg["id"]].append(msg)
+                if msg["id"] == "a" and msg["type"] == "chunk" and not cancelled:
+                    cancelled = True
+                    await ws.send_message(json.dumps({"id": "a", "type": "cancel"}))
+                ends = {i: [m for m in ms if m["type"] != "chunk"] for i, ms in seen.items()}
+                if ends["a"] and ends["b"]:
+                    break
+    a_end, b_end = seen["a"][-1], seen["b"][-1]
+    assert b_end == {"id": "b", "type": "done"}
+    b_chunks = [m["data"] for m in seen["b"] if m["type"] == "chunk"]
+    assert b_chunks[0]["object"] == "chat.completion.chunk"  # type: ignore[index]
+    assert b_chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")  # type: ignore[index]
+    # "a" either was cancelled or (if the model emitted EOS first) finished normally.
+    if a_end["type"] == "error":
+        assert a_end["error"]["code"] == "cancelled"  # type: ignore[index]
+    else:
+        assert a_end["type"] == "done"
+
+
+async def test_websocket_bad_messages(server: Server) -> None:
+    ws_url = server.url.replace("http://", "ws://") + "/v1/ws"
+    with trio.fail_after(30):
+        async with open_websocket_url(ws_url) as ws:
+            await ws.send_message("not json")
+            msg = json.loads(await ws.get_message())
+            assert msg["id"] is None and msg["type"] == "error"
+            await ws.send_message(
+                json.dumps({"id": "x", "type": "chat.completions", "body": {"model": MODEL}})
+            )
+            msg = json.loads(await ws.get_message())
+            assert msg["id"] == "x" and msg["error"]["param"] == "messages"
+
+
+def test_client_disconnect_cancels_generation(server: Server) -> None:
+    before = server.runner()["cancelled"]
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=LONG, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    # The runner acknowledges the Cancel the node sends when the client goes away.
+    server.wait_for(lambda: server.runner()["cancelled"] > before, 30, "cancelled in runner")
+    server.wait_for(lambda: server.runner()["active_requests"] == 0, 30, "idle")
+
+
+def test_runner_killed_mid_stream_ends_stream_with_error_and_recovers(skulk_home: Path) -> None:
+    with Server(skulk_home) as srv:
+        pid = srv.runner()["pid"]
+        events: list[str] = []
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=LONG, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                events.append(line)
+                if len(events) == 3:
+                    os.kill(pid, signal.SIGKILL)
+        # The stream ends with the error event (then [DONE]), never with a hang.
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))
+        assert error["error"]["code"] == "runner_crashed", events[-3:]
+        assert error["error"]["type"] == "server_error"
+        # The node relaunches the runner and serves again.
+        srv.wait_ready(60)
+        assert srv.runner()["pid"] != pid
+        r2 = srv.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 3})
+        assert r2.status_code == 200
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_shuts_down_and_leaves_no_runner(skulk_home: Path, sig: signal.Signals) -> None:
+    srv = Server(skulk_home).start()
+    try:
+        pid = srv.runner()["pid"]
+        assert pid_alive(pid)
+        srv.signal(sig)
+        assert srv.wait_exit(30) == 0
+        assert not pid_alive(pid)
+        assert "stopped" in srv.log()
+    finally:
+        srv.stop()
+
+
+def test_health_is_503_with_the_reason_while_not_ready(skulk_home: Path) -> None:
+    # A tiny load deadline keeps the runner from ever loading: /health must say why, with 503.
+    srv = Server(skulk_home, "--load-timeout", "0.001").start(wait_ready=False)
+    try:
+        srv.wait_for(lambda: srv.get("/health").json().get("failure") is not None, 60, "failing")
+        r = srv.get("/health")
+        assert r.status_code == 503
+        assert r.json()["failure"]["reason"] == "load_timeout"
+        chat = srv.post("/v1/chat/completions", json={**LONG, "stream": False})
+        assert chat.status_code == 503
+        assert chat.json()["error"]["code"] == "model_not_ready"
+    finally:
+        srv.stop()

@@ -1,0 +1,122 @@
+"""The sans-IO restart policy and crash-loop breaker, without Trio."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from skulk.actors import CrashLoopBreaker, Restart, RestartPolicy, Trip
+
+
+def test_base_backoff_doubles_then_caps() -> None:
+    policy = RestartPolicy(initial_backoff=1.0, max_backoff=10.0, multiplier=2.0, jitter=0.0)
+    assert [policy.base_backoff(k) for k in range(6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_base_backoff_survives_huge_exponents() -> None:
+    policy = RestartPolicy(initial_backoff=1.0, max_backoff=5.0, multiplier=10.0)
+    assert policy.base_backoff(10_000) == 5.0
+
+
+def test_jitter_only_shortens_within_the_fraction() -> None:
+    policy = RestartPolicy(initial_backoff=1.0, max_backoff=8.0, jitter=0.25)
+    rng = random.Random(7)
+    for k in range(50):
+        base = policy.base_backoff(k % 6)
+        delay = policy.backoff(k % 6, rng)
+        assert base * 0.75 <= delay <= base
+
+
+def test_jitter_is_reproducible_from_the_seed() -> None:
+    policy = RestartPolicy(initial_backoff=1.0, jitter=0.5)
+    first = [policy.backoff(k, random.Random(42)) for k in range(5)]
+    again = [policy.backoff(k, random.Random(42)) for k in range(5)]
+    assert first == again
+    expected_u = random.Random(42).random()
+    assert first[0] == pytest.approx(1.0 * (1 - 0.5 * expected_u))
+
+
+def test_zero_jitter_draws_nothing_from_the_rng() -> None:
+    rng = random.Random(3)
+    state = rng.getstate()
+    RestartPolicy(jitter=0.0).backoff(2, rng)
+    assert rng.getstate() == state
+
+
+def test_breaker_restarts_with_growing_delays_then_trips() -> None:
+    policy = RestartPolicy(
+        initial_backoff=1.0, max_backoff=4.0, jitter=0.0, max_restarts=3, window=100.0
+    )
+    breaker = CrashLoopBreaker(policy, random.Random(0))
+    assert breaker.record_crash(0.0, uptime=0.0) == Restart(delay=1.0, attempt=1)
+    assert breaker.record_crash(1.0, uptime=0.0) == Restart(delay=2.0, attempt=2)
+    assert breaker.record_crash(3.0, uptime=0.0) == Restart(delay=4.0, attempt=3)
+    assert not breaker.tripped
+    assert breaker.record_crash(7.0, uptime=0.0) == Trip(crashes=4, window=100.0)
+    assert breaker.tripped
+    # Once tripped it stays tripped.
+    assert breaker.record_crash(1000.0, uptime=500.0) == Trip(crashes=4, window=100.0)
+
+
+def test_crashes_leaving_the_window_free_budget() -> None:
+    policy = RestartPolicy(initial_backoff=0.0, jitter=0.0, max_restarts=2, window=10.0)
+    breaker = CrashLoopBreaker(policy, random.Random(0))
+    assert isinstance(breaker.record_crash(0.0, uptime=0.0), Restart)
+    assert isinstance(breaker.record_crash(5.0, uptime=0.0), Restart)
+    # The window is half-open (now - window, now]: the crash at 0.0 is out at 10.0.
+    assert isinstance(breaker.record_crash(10.0, uptime=0.0), Restart)
+    assert breaker.crash_times == (5.0, 10.0)
+    assert breaker.record_crash(14.0, uptime=0.0) == Trip(crashes=3, window=10.0)
+
+
+def test_zero_max_restarts_trips_on_the_first_crash() -> None:
+    breaker = CrashLoopBreaker(RestartPolicy(max_restarts=0), random.Random(0))
+    assert breaker.record_crash(0.0, uptime=5.0) == Trip(crashes=1, window=60.0)
+
+
+def test_stable_run_resets_the_streak() -> None:
+    policy = RestartPolicy(
+        initial_backoff=1.0, jitter=0.0, max_restarts=100, window=1000.0, reset_after=30.0
+    )
+    breaker = CrashLoopBreaker(policy, random.Random(0))
+    delays = []
+    for now, uptime in [(0, 0), (1, 0), (3, 0), (50, 43), (51, 0)]:
+        decision = breaker.record_crash(float(now), uptime=float(uptime))
+        assert isinstance(decision, Restart)
+        delays.append(decision.delay)
+    assert delays == [1.0, 2.0, 4.0, 1.0, 2.0]
+    assert breaker.streak == 2
+
+
+def test_stable_after_defaults_to_window() -> None:
+    assert RestartPolicy(window=12.0).stable_after == 12.0
+    assert RestartPolicy(window=12.0, reset_after=3.0).stable_after == 3.0
+
+
+def test_time_must_not_go_backwards() -> None:
+    breaker = CrashLoopBreaker(RestartPolicy(), random.Random(0))
+    breaker.record_crash(5.0, uptime=0.0)
+    with pytest.raises(ValueError, match="backwards"):
+        breaker.record_crash(4.0, uptime=0.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"initial_backoff": -1.0},
+        {"max_backoff": math.inf},
+        {"initial_backoff": 2.0, "max_backoff": 1.0},
+        {"multiplier": 0.5},
+        {"jitter": 1.5},
+        {"jitter": -0.1},
+        {"max_restarts": -1},
+        {"max_restarts": True},
+        {"window": 0.0},
+        {"reset_after": 0.0},
+    ],
+)
+def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RestartPolicy(**kwargs)  # type: ignore[arg-type]
