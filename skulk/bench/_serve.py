@@ -11,22 +11,18 @@ driven over SSE. Each side runs ``repeats`` times after a warm-up; medians are r
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import attrs
 import httpx
 
+from skulk.harness import NodeProcess
+
 PROMPT = "Tell me a long story about a fox who builds a cluster of machines."
-_LISTENING = re.compile(r"API listening on (http://\S+)")
 
 
 @attrs.frozen
@@ -82,98 +78,40 @@ def in_process(model_dir: Path, max_tokens: int, repeats: int) -> Side:
 
 
 def through_api(home: Path, max_tokens: int, repeats: int) -> Side:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "skulk",
-            "serve",
-            "--port",
-            "0",
-            "--home",
-            str(home),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        url = _wait_listening(proc)
-        _wait_ready(url, proc)
-        body = {
-            "model": "skulk-demo",
-            "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        with httpx.Client(base_url=url, timeout=120) as http:
+    body = {
+        "model": "skulk-demo",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with (
+        NodeProcess(home, "--log-level", "warning") as node,
+        httpx.Client(base_url=node.url, timeout=120) as http,
+    ):
 
-            def once() -> Run:
-                start = time.perf_counter()
-                first = last = 0.0
-                n = 0
-                with http.stream("POST", "/v1/chat/completions", json=body) as r:
-                    r.raise_for_status()
-                    for line in r.iter_lines():
-                        if not line.startswith("data: {"):
-                            continue
-                        chunk = json.loads(line[6:])
-                        if chunk.get("usage"):
-                            n = chunk["usage"]["completion_tokens"]
-                        elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                            last = time.perf_counter()
-                            if not first:
-                                first = last
-                # Rate over the tokens after the first, as on the in-process side.
-                return Run(first - start, n, (n - 1) / (last - first) if n > 1 else 0.0)
+        def once() -> Run:
+            start = time.perf_counter()
+            first = last = 0.0
+            n = 0
+            with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        n = chunk["usage"]["completion_tokens"]
+                    elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        last = time.perf_counter()
+                        if not first:
+                            first = last
+            # Rate over the tokens after the first, as on the in-process side.
+            return Run(first - start, n, (n - 1) / (last - first) if n > 1 else 0.0)
 
-            once()  # warm-up
-            runs = tuple(once() for _ in range(repeats))
-        return Side("skulk HTTP API (SSE)", runs)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _wait_listening(proc: subprocess.Popen[str]) -> str:
-    found: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if not found and (m := _LISTENING.search(line)):
-                found.append(m.group(1))
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(120):
-        raise RuntimeError("skulk serve did not start listening within 120 s")
-    return found[0]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"skulk serve exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("skulk serve not ready within 120 s")
+        once()  # warm-up
+        return Side("skulk HTTP API (SSE)", tuple(once() for _ in range(repeats)))
 
 
 def run(max_tokens: int, repeats: int, home: Path | None) -> dict[str, object]:

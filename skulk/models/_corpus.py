@@ -8,6 +8,7 @@ The corpus is original text written for Skulk (public domain, CC0), shipped in t
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import attrs
@@ -16,15 +17,20 @@ _RESOURCE = Path("resources") / "demo-model" / "corpus.txt"
 
 
 def corpus_path() -> Path:
-    """Where the shipped corpus lives (the repository's ``resources/`` folder)."""
+    """Where the shipped corpus lives: the repository's ``resources/`` folder (checkout or
+    editable install), else ``<prefix>/share/skulk/`` where a wheel install puts it."""
     # skulk/models/_corpus.py -> repository root
-    candidate = Path(__file__).resolve().parents[2] / _RESOURCE
-    if not candidate.is_file():
-        raise FileNotFoundError(
-            f"demo-model corpus not found at {candidate}; Skulk must run from a checkout "
-            "or an editable install that includes the resources/ folder"
-        )
-    return candidate
+    candidates = (
+        Path(__file__).resolve().parents[2] / _RESOURCE,
+        Path(sys.prefix) / "share" / "skulk" / "demo-model" / "corpus.txt",
+    )
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"demo-model corpus not found (looked at {', '.join(map(str, candidates))}); "
+        "reinstall Skulk"
+    )
 
 
 @attrs.frozen

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from skulk.harness import NodeProcess
 from skulk.models import ensure_demo_model
-from tests.e2e.server import Server
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,6 @@ def skulk_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(skulk_home: Path) -> Iterator[Server]:
-    with Server(skulk_home) as srv:
+def server(skulk_home: Path) -> Iterator[NodeProcess]:
+    with NodeProcess(skulk_home) as srv:
         yield srv

@@ -8,16 +8,16 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.server import Server
+from skulk.harness import NodeProcess
 
 MODEL = "skulk-demo"
 
 
-def client(server: Server) -> openai.OpenAI:
+def client(server: NodeProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def test_health_and_models(server: Server) -> None:
+def test_health_and_models(server: NodeProcess) -> None:
     health = server.get("/health")
     assert health.status_code == 200
     assert health.json()["status"] == "ok"
@@ -25,7 +25,7 @@ def test_health_and_models(server: Server) -> None:
     assert [m.id for m in models.data] == [MODEL]
 
 
-def test_chat_completion(server: Server) -> None:
+def test_chat_completion(server: NodeProcess) -> None:
     reply = client(server).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Hello there"}],
@@ -44,7 +44,7 @@ def test_chat_completion(server: Server) -> None:
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
-def test_same_seed_same_text_and_length_limit(server: Server) -> None:
+def test_same_seed_same_text_and_length_limit(server: NodeProcess) -> None:
     def ask(seed: int) -> tuple[str, str | None]:
         r = client(server).chat.completions.create(
             model=MODEL,
@@ -58,7 +58,7 @@ def test_same_seed_same_text_and_length_limit(server: Server) -> None:
     assert ask(7) == ask(7)
 
 
-def test_chat_streaming_with_usage(server: Server) -> None:
+def test_chat_streaming_with_usage(server: NodeProcess) -> None:
     stream = client(server).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Count with me"}],
@@ -87,7 +87,7 @@ def test_chat_streaming_with_usage(server: Server) -> None:
     assert usage_chunks[0].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
 
 
-def test_sse_wire_format_ends_with_done(server: Server) -> None:
+def test_sse_wire_format_ends_with_done(server: NodeProcess) -> None:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "hi"}],
@@ -103,7 +103,7 @@ def test_sse_wire_format_ends_with_done(server: Server) -> None:
     assert json.loads(events[0][6:])["object"] == "chat.completion.chunk"
 
 
-def test_completions(server: Server) -> None:
+def test_completions(server: NodeProcess) -> None:
     c = client(server)
     reply = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, seed=3)
     assert reply.object == "text_completion"
@@ -115,7 +115,7 @@ def test_completions(server: Server) -> None:
     assert text == reply.choices[0].text
 
 
-def test_stop_string_is_not_emitted(server: Server) -> None:
+def test_stop_string_is_not_emitted(server: NodeProcess) -> None:
     c = client(server)
     base = c.completions.create(model=MODEL, prompt="The", max_tokens=30, temperature=0)
     text = base.choices[0].text
@@ -151,7 +151,7 @@ def test_stop_string_is_not_emitted(server: Server) -> None:
     ],
 )
 def test_bad_requests_name_the_field(
-    server: Server, body: dict[str, object], status: int, param: str
+    server: NodeProcess, body: dict[str, object], status: int, param: str
 ) -> None:
     r = server.post("/v1/chat/completions", json=body)
     assert r.status_code == status, r.text
@@ -160,7 +160,7 @@ def test_bad_requests_name_the_field(
     assert err["message"]
 
 
-def test_malformed_json_is_400(server: Server) -> None:
+def test_malformed_json_is_400(server: NodeProcess) -> None:
     r = server.post(
         "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
     )
@@ -168,7 +168,7 @@ def test_malformed_json_is_400(server: Server) -> None:
     assert r.json()["error"]["code"] == "invalid_json"
 
 
-def test_informational_fields_accepted(server: Server) -> None:
+def test_informational_fields_accepted(server: NodeProcess) -> None:
     reply = client(server).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hi"}],
@@ -181,7 +181,7 @@ def test_informational_fields_accepted(server: Server) -> None:
     assert reply.choices[0].message.content is not None
 
 
-def test_openai_client_sees_errors(server: Server) -> None:
+def test_openai_client_sees_errors(server: NodeProcess) -> None:
     with pytest.raises(openai.NotFoundError):
         client(server).chat.completions.create(
             model="nope", messages=[{"role": "user", "content": "hi"}]
@@ -192,7 +192,7 @@ def test_openai_client_sees_errors(server: Server) -> None:
         )
 
 
-def test_unknown_route_is_404_envelope(server: Server) -> None:
+def test_unknown_route_is_404_envelope(server: NodeProcess) -> None:
     r = server.get("/v1/nothing-here")
     assert r.status_code == 404
     assert r.json()["error"]["type"] == "not_found_error"

@@ -12,7 +12,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from tests.e2e.server import Server, pid_alive
+from skulk.harness import NodeProcess, pid_alive
 
 MODEL = "skulk-demo"
 LONG = {
@@ -25,7 +25,7 @@ LONG = {
 }
 
 
-async def test_websocket_two_requests_one_cancelled(server: Server) -> None:
+async def test_websocket_two_requests_one_cancelled(server: NodeProcess) -> None:
     ws_url = server.url.replace("http://", "ws://") + "/v1/ws"
     body = {
         "model": MODEL,
@@ -64,7 +64,7 @@ async def test_websocket_two_requests_one_cancelled(server: Server) -> None:
         assert a_end["type"] == "done"
 
 
-async def test_websocket_bad_messages(server: Server) -> None:
+async def test_websocket_bad_messages(server: NodeProcess) -> None:
     ws_url = server.url.replace("http://", "ws://") + "/v1/ws"
     with trio.fail_after(30):
         async with open_websocket_url(ws_url) as ws:
@@ -78,7 +78,7 @@ async def test_websocket_bad_messages(server: Server) -> None:
             assert msg["id"] == "x" and msg["error"]["param"] == "messages"
 
 
-def test_client_disconnect_cancels_generation(server: Server) -> None:
+def test_client_disconnect_cancels_generation(server: NodeProcess) -> None:
     before = server.runner()["cancelled"]
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=LONG, timeout=60) as r:
         assert r.status_code == 200
@@ -91,7 +91,7 @@ def test_client_disconnect_cancels_generation(server: Server) -> None:
 
 
 def test_runner_killed_mid_stream_ends_stream_with_error_and_recovers(skulk_home: Path) -> None:
-    with Server(skulk_home) as srv:
+    with NodeProcess(skulk_home) as srv:
         pid = srv.runner()["pid"]
         events: list[str] = []
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=LONG, timeout=60) as r:
@@ -115,7 +115,7 @@ def test_runner_killed_mid_stream_ends_stream_with_error_and_recovers(skulk_home
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_shuts_down_and_leaves_no_runner(skulk_home: Path, sig: signal.Signals) -> None:
-    srv = Server(skulk_home).start()
+    srv = NodeProcess(skulk_home).start()
     try:
         pid = srv.runner()["pid"]
         assert pid_alive(pid)
@@ -129,7 +129,7 @@ def test_signal_shuts_down_and_leaves_no_runner(skulk_home: Path, sig: signal.Si
 
 def test_health_is_503_with_the_reason_while_not_ready(skulk_home: Path) -> None:
     # A tiny load deadline keeps the runner from ever loading: /health must say why, with 503.
-    srv = Server(skulk_home, "--load-timeout", "0.001").start(wait_ready=False)
+    srv = NodeProcess(skulk_home, "--load-timeout", "0.001").start(wait_ready=False)
     try:
         srv.wait_for(lambda: srv.get("/health").json().get("failure") is not None, 60, "failing")
         r = srv.get("/health")

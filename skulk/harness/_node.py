@@ -1,4 +1,10 @@
-"""A real ``python -m skulk serve`` process on an ephemeral loopback port, for e2e tests."""
+"""A real ``python -m skulk serve`` process on an ephemeral loopback port.
+
+Its output is read continuously (a full pipe would stall the node) and kept as a tail;
+:meth:`NodeProcess.start` waits for the "API listening on" line and, by default, for
+``/health`` to answer 200. Stopping sends SIGTERM and, if the node does not exit in time,
+SIGKILLs its whole process group, so nothing is left behind.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +26,8 @@ START_DEADLINE = 120.0
 _LISTENING = re.compile(r"API listening on (http://\S+)")
 
 
-class Server:
-    """Starts the server, waits until ``/health`` is 200, and always cleans up."""
+class NodeProcess:
+    """One node; use as a context manager or call :meth:`start` and :meth:`stop`."""
 
     def __init__(self, home: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.home = home
@@ -31,7 +38,8 @@ class Server:
         self.output: deque[str] = deque(maxlen=400)
         self._url_seen = threading.Event()
 
-    def start(self, *, wait_ready: bool = True) -> Server:
+    def start(self, *, wait_ready: bool = True) -> NodeProcess:
+        """Start the node; raises ``AssertionError`` with its output if it does not come up."""
         cmd = [
             sys.executable,
             "-m",
@@ -79,7 +87,8 @@ class Server:
     def wait_ready(self, deadline: float = START_DEADLINE) -> None:
         self.wait_for(lambda: self.get("/health").status_code == 200, deadline, "ready")
 
-    def wait_for(self, predicate: Any, deadline: float, what: str) -> None:
+    def wait_for(self, predicate: Callable[[], bool], deadline: float, what: str) -> None:
+        """Poll ``predicate`` until true; fail with the node's output after ``deadline`` s."""
         end = time.monotonic() + deadline
         while time.monotonic() < end:
             assert self.proc is not None
@@ -112,7 +121,7 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> NodeProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

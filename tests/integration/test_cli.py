@@ -1,0 +1,35 @@
+"""The command line, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "skulk", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_demo_model_command_writes_a_loadable_model(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = run("demo-model", "--out", str(out), "--seed", "5")
+    assert result.returncode == 0, result.stderr
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    again = tmp_path / "again"
+    assert run("demo-model", "--out", str(again), "--seed", "5").returncode == 0
+    assert (out / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+
+
+def test_serve_refuses_an_unknown_model_at_once(tmp_path: Path) -> None:
+    result = run("serve", "--model", "no-such-model", "--home", str(tmp_path))
+    assert result.returncode == 2
+    assert "no-such-model" in result.stderr and "available" in result.stderr
+
+
+def test_serve_refuses_a_bad_port(tmp_path: Path) -> None:
+    result = run("serve", "--port", "eighty", "--home", str(tmp_path))
+    assert result.returncode == 2
+    assert "--port" in result.stderr

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from skulk.config import DEFAULT_PORT, ServeConfig, add_serve_arguments, serve_config
+
+
+def parse(argv: list[str], env: dict[str, str] | None = None) -> ServeConfig:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return serve_config(parser.parse_args(argv), env or {})
+
+
+def test_defaults_need_no_configuration() -> None:
+    config = parse([], {"HOME": "/home/u"})
+    assert config.host == "127.0.0.1"
+    assert config.port == DEFAULT_PORT == 52415
+    assert config.model == "skulk-demo"
+    assert config.home == Path.home() / ".local" / "share" / "skulk"
+
+
+def test_env_overrides_defaults_and_flags_override_env() -> None:
+    env = {"SKULK_PORT": "6000", "SKULK_HOME": "/data/skulk", "SKULK_MODEL": "m"}
+    config = parse([], env)
+    assert (config.port, config.home, config.model) == (6000, Path("/data/skulk"), "m")
+    config = parse(["--port", "7000", "--model", "other"], env)
+    assert (config.port, config.home, config.model) == (7000, Path("/data/skulk"), "other")
+
+
+def test_xdg_data_home_is_respected() -> None:
+    assert parse([], {"XDG_DATA_HOME": "/xdg"}).home == Path("/xdg/skulk")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "names"),
+    [
+        (["--port", "http"], {}, "--port"),
+        ([], {"SKULK_PORT": "x"}, "SKULK_PORT"),
+        (["--port", "70000"], {}, "port"),
+        (["--log-level", "loud"], {}, "log level"),
+        (["--load-timeout", "soon"], {}, "--load-timeout"),
+    ],
+)
+def test_bad_values_name_their_source(argv: list[str], env: dict[str, str], names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        parse(argv, env)
