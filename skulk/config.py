@@ -31,6 +31,7 @@ class ServeConfig:
     hello_timeout: float = 30.0
     load_timeout: float = 600.0
     shutdown_grace: float = 5.0
+    stream_interval: float = 0.02
 
 
 # flag name → (env var, type, help)
@@ -46,6 +47,12 @@ _OPTIONS: dict[str, tuple[str, type, str]] = {
     "log_level": ("SKULK_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
     "hello_timeout": ("SKULK_HELLO_TIMEOUT", float, "seconds a new runner has to say hello"),
     "load_timeout": ("SKULK_LOAD_TIMEOUT", float, "seconds a runner has to load its model"),
+    "stream_interval": (
+        "SKULK_STREAM_INTERVAL",
+        float,
+        "seconds between streamed deltas after the first token; 0 sends every token at once "
+        "(default 0.02)",
+    ),
     "shutdown_grace": (
         "SKULK_SHUTDOWN_GRACE",
         float,
@@ -79,6 +86,11 @@ def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfi
     assert isinstance(port, int)
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be between 0 and 65535, got {port}")
+    for name in ("hello_timeout", "load_timeout", "shutdown_grace", "stream_interval"):
+        number = values.get(name, 0.0)
+        assert isinstance(number, float)
+        if not 0 <= number < float("inf"):
+            raise ValueError(f"{name.replace('_', ' ')} must be a finite number >= 0, got {number}")
     level = values.get("log_level", "info")
     if level not in ("debug", "info", "warning", "error"):
         raise ValueError(f"log level must be debug, info, warning or error, got {level!r}")

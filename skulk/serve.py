@@ -45,6 +45,7 @@ async def serve(
             load_timeout=config.load_timeout,
             shutdown_grace=config.shutdown_grace,
         ),
+        stream_interval=config.stream_interval,
     )
     app = create_app(service)
     hc = HypercornConfig()

@@ -1,4 +1,5 @@
-"""``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--home DIR]``."""
+"""``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--stream-interval S]
+[--home DIR]``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="HTTP API streaming vs in-process mlx-lm")
     serve.add_argument("--json", action="store_true", help="print only the JSON result")
     serve.add_argument("--max-tokens", type=int, default=256)
-    serve.add_argument("--repeats", type=int, default=5)
+    serve.add_argument(
+        "--repeats", type=int, default=15, help="interleaved pairs of runs (default 15)"
+    )
+    serve.add_argument(
+        "--stream-interval",
+        type=float,
+        default=None,
+        help="pass --stream-interval to the node (default: the node's own default)",
+    )
     serve.add_argument(
         "--home", type=Path, default=None, help="data dir to use (default: a temporary one)"
     )
@@ -22,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from skulk.bench._serve import run, table
 
-    result = run(args.max_tokens, args.repeats, args.home)
+    result = run(args.max_tokens, args.repeats, args.home, args.stream_interval)
     if args.json:
         print(json.dumps(result))
     else:

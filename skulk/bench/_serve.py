@@ -1,10 +1,12 @@
 """``python -m skulk.bench serve``: serving through the HTTP API vs in-process mlx-lm.
 
-Both sides generate greedily from the same model, prompt and ``max_tokens``; the baseline is
-``mlx_lm.stream_generate`` in this process, then a real ``python -m skulk serve`` is started and
-driven over SSE. Each side runs ``repeats`` times after a warm-up; medians are reported.
+Both sides generate greedily from the same model, prompt and ``max_tokens``: the baseline is
+``mlx_lm.stream_generate`` in this process, the other side a real ``python -m skulk serve`` driven
+over SSE. The sides run alternately (baseline, API, baseline, API, …) after one warm-up each, so
+a noisy machine slows both alike; the ratios reported are medians of the per-pair ratios.
 
-* TTFT: request sent → first generated text (in-process: call → first yielded token).
+* TTFT: request sent → first generated text (in-process: call → first yielded token; the prompt
+  is tokenized before the clock starts there, after it through the API — our side pays for it).
 * tokens/s: decode rate after the first token, ``(n - 1) / (t_last - t_first)``.
 """
 
@@ -15,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -32,25 +35,23 @@ class Run:
     tokens_per_s: float
 
 
-@attrs.frozen
-class Side:
-    name: str
-    runs: tuple[Run, ...]
+class _Clock:
+    """Marks the first and last output of one generation."""
 
-    @property
-    def ttft_s(self) -> float:
-        return statistics.median(r.ttft_s for r in self.runs)
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first = self.last = 0.0
 
-    @property
-    def tokens_per_s(self) -> float:
-        return statistics.median(r.tokens_per_s for r in self.runs)
+    def output(self) -> None:
+        self.last = time.perf_counter()
+        self.first = self.first or self.last
 
-    @property
-    def tokens(self) -> int:
-        return min(r.tokens for r in self.runs)
+    def run(self, tokens: int) -> Run:
+        rate = (tokens - 1) / (self.last - self.first) if tokens > 1 else 0.0
+        return Run(self.first - self.start, tokens, rate)
 
 
-def in_process(model_dir: Path, max_tokens: int, repeats: int) -> Side:
+def in_process(model_dir: Path, max_tokens: int) -> Callable[[], Run]:
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
@@ -61,23 +62,18 @@ def in_process(model_dir: Path, max_tokens: int, repeats: int) -> Side:
     sampler = make_sampler(temp=0.0)
 
     def once() -> Run:
-        start = time.perf_counter()
-        first = last = 0.0
-        n = 0
+        clock, n = _Clock(), 0
         for _ in mlx_lm.stream_generate(
             model, tokenizer, prompt, max_tokens=max_tokens, sampler=sampler
         ):
-            last = time.perf_counter()
-            if n == 0:
-                first = last
+            clock.output()
             n += 1
-        return Run(first - start, n, (n - 1) / (last - first) if n > 1 else 0.0)
+        return clock.run(n)
 
-    once()  # warm-up
-    return Side("mlx_lm in-process", tuple(once() for _ in range(repeats)))
+    return once
 
 
-def through_api(home: Path, max_tokens: int, repeats: int) -> Side:
+def through_api(http: httpx.Client, max_tokens: int) -> Callable[[], Run]:
     body = {
         "model": "skulk-demo",
         "messages": [{"role": "user", "content": PROMPT}],
@@ -86,59 +82,57 @@ def through_api(home: Path, max_tokens: int, repeats: int) -> Side:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    with (
-        NodeProcess(home, "--log-level", "warning") as node,
-        httpx.Client(base_url=node.url, timeout=120) as http,
-    ):
 
-        def once() -> Run:
-            start = time.perf_counter()
-            first = last = 0.0
-            n = 0
-            with http.stream("POST", "/v1/chat/completions", json=body) as r:
-                r.raise_for_status()
-                for line in r.iter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if chunk.get("usage"):
-                        n = chunk["usage"]["completion_tokens"]
-                    elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                        last = time.perf_counter()
-                        if not first:
-                            first = last
-            # Rate over the tokens after the first, as on the in-process side.
-            return Run(first - start, n, (n - 1) / (last - first) if n > 1 else 0.0)
+    def once() -> Run:
+        clock, n = _Clock(), 0
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):  # the exact count: a chunk may carry several tokens
+                    n = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    clock.output()
+        return clock.run(n)
 
-        once()  # warm-up
-        return Side("skulk HTTP API (SSE)", tuple(once() for _ in range(repeats)))
+    return once
 
 
-def run(max_tokens: int, repeats: int, home: Path | None) -> dict[str, object]:
+def run(
+    max_tokens: int, repeats: int, home: Path | None, stream_interval: float | None = None
+) -> dict[str, object]:
     from skulk.models import ensure_demo_model
 
+    node_args = () if stream_interval is None else ("--stream-interval", str(stream_interval))
     with tempfile.TemporaryDirectory(prefix="skulk-bench-") as tmp:
         home = home or Path(tmp)
-        model_dir = ensure_demo_model(home)
-        base = in_process(model_dir, max_tokens, repeats)
-        ours = through_api(home, max_tokens, repeats)
-    if ours.tokens != base.tokens:
-        print(
-            f"warning: token counts differ (api {ours.tokens}, in-process {base.tokens})",
-            file=sys.stderr,
-        )
+        baseline = in_process(ensure_demo_model(home), max_tokens)
+        with (
+            NodeProcess(home, "--log-level", "warning", *node_args) as node,
+            httpx.Client(base_url=node.url, timeout=120) as http,
+        ):
+            ours = through_api(http, max_tokens)
+            baseline(), ours()  # warm-up
+            pairs = [(baseline(), ours()) for _ in range(repeats)]
+    base_runs, our_runs = [b for b, _ in pairs], [o for _, o in pairs]
+    if {r.tokens for r in our_runs} != {r.tokens for r in base_runs}:
+        print("warning: the two sides generated different token counts", file=sys.stderr)
+    med = statistics.median
     return {
         "benchmark": "serve",
         "model": "skulk-demo",
         "max_tokens": max_tokens,
         "repeats": repeats,
-        "tokens": ours.tokens,
-        "tokens_per_s_ratio": round(ours.tokens_per_s / base.tokens_per_s, 3),
-        "ttft_ratio": round(ours.ttft_s / base.ttft_s, 3),
-        "skulk_tokens_per_s": round(ours.tokens_per_s, 1),
-        "mlx_lm_tokens_per_s": round(base.tokens_per_s, 1),
-        "skulk_ttft_ms": round(ours.ttft_s * 1000, 2),
-        "mlx_lm_ttft_ms": round(base.ttft_s * 1000, 2),
+        "stream_interval": stream_interval,
+        "tokens": min(r.tokens for r in our_runs),
+        "tokens_per_s_ratio": round(med(o.tokens_per_s / b.tokens_per_s for b, o in pairs), 3),
+        "ttft_ratio": round(med(o.ttft_s / b.ttft_s for b, o in pairs), 3),
+        "skulk_tokens_per_s": round(med(r.tokens_per_s for r in our_runs), 1),
+        "mlx_lm_tokens_per_s": round(med(r.tokens_per_s for r in base_runs), 1),
+        "skulk_ttft_ms": round(med(r.ttft_s for r in our_runs) * 1000, 2),
+        "mlx_lm_ttft_ms": round(med(r.ttft_s for r in base_runs) * 1000, 2),
     }
 
 

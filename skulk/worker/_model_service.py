@@ -13,6 +13,7 @@ import logging
 import random
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Literal
 
@@ -22,14 +23,13 @@ import trio
 from skulk.actors import CrashLoopBreaker, RestartPolicy, Trip
 from skulk.runner import Runner, RunnerConfig, RunnerCrashed, RunnerError, RunnerStatistics
 from skulk.wire.runner import (
-    Finished,
     FinishReason,
     Prompt,
     RequestFailed,
     SamplingParams,
-    TokenChunk,
     Usage,
 )
+from skulk.worker._coalesce import coalesce
 
 log = logging.getLogger("skulk.worker")
 
@@ -92,11 +92,13 @@ class ModelService:
         runner_config: RunnerConfig | None = None,
         policy: RestartPolicy = RUNNER_RESTARTS,
         rng: random.Random | None = None,
+        stream_interval: float = 0.0,
     ) -> None:
         self.model_id = model_id
         self._resolve = resolve
         self._runner_config = runner_config or RunnerConfig()
         self._breaker = CrashLoopBreaker(policy, rng or random.Random())
+        self._stream_interval = stream_interval
         self._status = ModelStatus(model_id, "resolving")
         self._runner: Runner | None = None
 
@@ -168,18 +170,20 @@ class ModelService:
             raise ModelUnavailable(self._status)
         request_id = uuid.uuid4().hex
         try:
-            async with runner.open_request(request_id, prompt, params) as events:
-                async for event in events:
-                    if isinstance(event, TokenChunk):
-                        if event.text:
-                            yield event.text
-                    elif isinstance(event, Finished):
-                        if event.finish_reason == "cancelled":  # cancelled by someone else
-                            raise RequestFailure("cancelled", "the request was cancelled")
-                        yield Generation(event.finish_reason, event.usage)
+            async with (
+                runner.open_request(request_id, prompt, params) as events,
+                aclosing(coalesce(events, self._stream_interval)) as deltas,
+            ):
+                async for delta in deltas:
+                    if isinstance(delta, str):
+                        yield delta
+                    elif isinstance(delta, RequestFailed):
+                        raise RequestFailure(delta.reason, delta.message)
+                    elif delta.finish_reason == "cancelled":  # cancelled by someone else
+                        raise RequestFailure("cancelled", "the request was cancelled")
+                    else:
+                        yield Generation(delta.finish_reason, delta.usage)
                         return
-                    elif isinstance(event, RequestFailed):
-                        raise RequestFailure(event.reason, event.message)
         except RunnerError as exc:
             raise RequestFailure(exc.reason, exc.message) from exc
         # The channel closed without a terminal event: the runner is gone.
