@@ -1,10 +1,15 @@
-"""Node configuration: defaults, overridden by ``SKULK_*`` environment, overridden by flags."""
+"""Node configuration: defaults, overridden by ``SKULK_*`` environment, overridden by flags.
+
+Each option is declared once in :data:`OPTIONS` (flag, environment variable, type, help, check);
+its default is the matching :class:`ServeConfig` field. ``docs/operations.md`` lists them all.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -28,70 +33,126 @@ class ServeConfig:
     home: Path = attrs.field(factory=lambda: default_home(os.environ))
     model: str = DEFAULT_MODEL
     log_level: str = "info"
+    stream_interval: float = 0.02
+    # runner deadlines (seconds)
     hello_timeout: float = 30.0
     load_timeout: float = 600.0
+    warmup_timeout: float = 60.0
+    progress_timeout: float = 30.0
+    cancel_timeout: float = 5.0
     shutdown_grace: float = 5.0
-    stream_interval: float = 0.02
+    heartbeat_interval: float = 1.0
+    # runner relaunches
+    restart_backoff: float = 0.5
+    restart_limit: int = 5
+    restart_window: float = 300.0
+    # fault hooks for tests and repro scripts (see skulk.runner.faults)
+    runner_faults: str = ""
 
 
-# flag name → (env var, type, help)
-_OPTIONS: dict[str, tuple[str, type, str]] = {
-    "host": ("SKULK_HOST", str, "address the HTTP API binds (default 127.0.0.1)"),
-    "port": ("SKULK_PORT", int, f"HTTP API port, 0 for any free port (default {DEFAULT_PORT})"),
-    "home": ("SKULK_HOME", Path, "data directory (default ~/.local/share/skulk)"),
-    "model": (
-        "SKULK_MODEL",
-        str,
-        f"model to serve: a name or an mlx-lm directory (default {DEFAULT_MODEL})",
-    ),
-    "log_level": ("SKULK_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
-    "hello_timeout": ("SKULK_HELLO_TIMEOUT", float, "seconds a new runner has to say hello"),
-    "load_timeout": ("SKULK_LOAD_TIMEOUT", float, "seconds a runner has to load its model"),
-    "stream_interval": (
-        "SKULK_STREAM_INTERVAL",
-        float,
-        "seconds between streamed deltas after the first token; 0 sends every token at once "
-        "(default 0.02)",
-    ),
-    "shutdown_grace": (
-        "SKULK_SHUTDOWN_GRACE",
-        float,
-        "seconds between SIGTERM and SIGKILL when stopping a runner",
-    ),
-}
+def _seconds(value: object) -> str | None:
+    assert isinstance(value, float)
+    return None if math.isfinite(value) and value >= 0 else "a finite number of seconds >= 0"
+
+
+def _positive(value: object) -> str | None:
+    assert isinstance(value, float)
+    return None if math.isfinite(value) and value > 0 else "a finite number of seconds > 0"
+
+
+def _port(value: object) -> str | None:
+    assert isinstance(value, int)
+    return None if 0 <= value <= 65535 else "a port number from 0 to 65535"
+
+
+def _count(value: object) -> str | None:
+    assert isinstance(value, int)
+    return None if value >= 0 else "a whole number >= 0"
+
+
+def _level(value: object) -> str | None:
+    return None if value in ("debug", "info", "warning", "error") else "debug/info/warning/error"
+
+
+def _faults(value: object) -> str | None:
+    from skulk.runner.faults import Faults, FaultSpecError
+
+    try:
+        Faults.parse(str(value), incarnation=1)
+    except FaultSpecError as exc:
+        return str(exc)
+    return None
+
+
+@attrs.frozen
+class Option:
+    name: str
+    kind: type
+    help: str
+    check: Callable[[object], str | None] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "SKULK_" + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", str, "address the HTTP API binds"),
+    Option("port", int, "HTTP API port, 0 for any free port", _port),
+    Option("home", Path, "data directory (models, node state)"),
+    Option("model", str, "model to serve: a name or an mlx-lm model directory"),
+    Option("log_level", str, "debug, info, warning or error", _level),
+    Option("stream_interval", float,
+           "seconds between streamed deltas after the first token; 0 sends every token",
+           _seconds),
+    Option("hello_timeout", float, "seconds a new runner has to say hello", _positive),
+    Option("load_timeout", float, "seconds a runner has to load its model", _positive),
+    Option("warmup_timeout", float, "seconds a runner has for its warm-up generation", _positive),
+    Option("progress_timeout", float,
+           "seconds a busy runner may send nothing (no token, no heartbeat) before it is "
+           "declared wedged; 0 disables (not for production)", _seconds),
+    Option("cancel_timeout", float, "seconds a runner has to acknowledge a cancel", _positive),
+    Option("shutdown_grace", float, "seconds between SIGTERM and SIGKILL when stopping a runner",
+           _seconds),
+    Option("heartbeat_interval", float, "seconds between a runner's heartbeats", _positive),
+    Option("restart_backoff", float, "first relaunch delay of a failed runner (then doubling)",
+           _seconds),
+    Option("restart_limit", int,
+           "relaunches allowed within the restart window before the model is marked failed",
+           _count),
+    Option("restart_window", float, "the window of --restart-limit, in seconds", _positive),
+    Option("runner_faults", str, "fault hooks for tests and repro scripts; never in production",
+           _faults),
+)  # fmt: skip
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    for name, (env, _, help_text) in _OPTIONS.items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, help=f"{help_text} [{env}]")
+    defaults = ServeConfig(home=Path("~/.local/share/skulk"))
+    for opt in OPTIONS:
+        default = getattr(defaults, opt.name)
+        shown = f"default {default}" if default != "" else "default none"
+        parser.add_argument(opt.flag, dest=opt.name, help=f"{opt.help} ({shown}) [{opt.env}]")
 
 
 def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     """Build the config; raises ``ValueError`` naming the flag or variable that is wrong."""
     values: dict[str, object] = {}
-    for name, (var, kind, _) in _OPTIONS.items():
-        raw, source = getattr(args, name, None), "--" + name.replace("_", "-")
+    for opt in OPTIONS:
+        raw, source = getattr(args, opt.name, None), opt.flag
         if raw is None:
-            raw, source = env.get(var), var
+            raw, source = env.get(opt.env), opt.env
         if raw is None:
             continue
         try:
-            value = kind(raw)
+            value = opt.kind(raw)
         except ValueError:
-            raise ValueError(f"{source}: expected {kind.__name__}, got {raw!r}") from None
-        values[name] = value.expanduser() if isinstance(value, Path) else value
-    if "home" not in values:
-        values["home"] = default_home(env)
-    port = values.get("port", DEFAULT_PORT)
-    assert isinstance(port, int)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be between 0 and 65535, got {port}")
-    for name in ("hello_timeout", "load_timeout", "shutdown_grace", "stream_interval"):
-        number = values.get(name, 0.0)
-        assert isinstance(number, float)
-        if not 0 <= number < float("inf"):
-            raise ValueError(f"{name.replace('_', ' ')} must be a finite number >= 0, got {number}")
-    level = values.get("log_level", "info")
-    if level not in ("debug", "info", "warning", "error"):
-        raise ValueError(f"log level must be debug, info, warning or error, got {level!r}")
+            raise ValueError(f"{source}: expected {opt.kind.__name__}, got {raw!r}") from None
+        if opt.check is not None and (problem := opt.check(value)) is not None:
+            raise ValueError(f"{source}: expected {problem}, got {raw!r}")
+        values[opt.name] = value.expanduser() if isinstance(value, Path) else value
+    values.setdefault("home", default_home(env))
     return ServeConfig(**values)  # type: ignore[arg-type]

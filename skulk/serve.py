@@ -21,6 +21,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from skulk.actors import RestartPolicy
 from skulk.api import create_app
 from skulk.config import ServeConfig
 from skulk.models import resolve_model
@@ -37,13 +38,28 @@ async def serve(
 ) -> None:
     """Run a node until SIGINT/SIGTERM (or cancellation); ``task_status`` gets the API URL."""
     model_id, resolve = _resolver(config)
+    if config.runner_faults:
+        log.warning(
+            "runner fault hooks are ON (%s): this node is for testing only", config.runner_faults
+        )
     service = ModelService(
         model_id,
         resolve,
         RunnerConfig(
             hello_timeout=config.hello_timeout,
             load_timeout=config.load_timeout,
+            warmup_timeout=config.warmup_timeout,
+            progress_timeout=config.progress_timeout,
+            cancel_timeout=config.cancel_timeout,
             shutdown_grace=config.shutdown_grace,
+            heartbeat_interval=config.heartbeat_interval,
+            faults=config.runner_faults,
+        ),
+        policy=RestartPolicy(
+            initial_backoff=config.restart_backoff,
+            max_backoff=max(30.0, config.restart_backoff),
+            max_restarts=config.restart_limit,
+            window=config.restart_window,
         ),
         stream_interval=config.stream_interval,
     )

@@ -20,6 +20,7 @@ from skulk.api._openai import (
 )
 from skulk.api._stream import Request, complete, stream_chunks, unavailable_error
 from skulk.api._ws import serve_websocket
+from skulk.runner import Runner
 from skulk.worker import ModelService, ModelUnavailable
 
 log = logging.getLogger("skulk.api")
@@ -66,11 +67,10 @@ def create_app(service: ModelService) -> QuartTrio:
 
     @app.get("/v1/diagnostics/node")
     async def diagnostics() -> Response:
-        stats = service.runner_statistics()
         return _json(
             {
                 "model": attrs.asdict(service.status()),
-                "runner": attrs.asdict(stats) if stats else None,
+                "runners": [_runner_diagnostics(r) for r in service.recent_runners()],
             },
             200,
         )
@@ -78,13 +78,15 @@ def create_app(service: ModelService) -> QuartTrio:
     @app.get("/v1/models")
     async def models() -> Response:
         s = service.status()
-        card = {
+        card: dict[str, object] = {
             "id": s.model_id,
             "object": "model",
             "created": 0,
             "owned_by": "skulk",
             "status": s.state,
         }
+        if s.failure_reason:
+            card["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
         return _json({"object": "list", "data": [card]}, 200)
 
     @app.post("/v1/chat/completions")
@@ -132,6 +134,19 @@ async def _body() -> object:
         raise ApiError.invalid(
             None, f"request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
+
+
+def _runner_diagnostics(runner: Runner) -> dict[str, object]:
+    """A runner's state, deadlines and flight-recorder timeline, for operators."""
+    failure = runner.failure
+    return {
+        **attrs.asdict(runner.statistics()),
+        "failure": None
+        if failure is None
+        else {"reason": failure.reason, "message": failure.message, "tail": list(failure.tail)},
+        "deadlines": runner.config.deadlines(),
+        "events": [attrs.asdict(e) for e in runner.flight_events()],
+    }
 
 
 def _json(body: object, status: int) -> Response:

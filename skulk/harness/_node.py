@@ -99,9 +99,14 @@ class NodeProcess:
             time.sleep(0.05)
         raise AssertionError(f"not {what} within {deadline}s:\n{self.log()}")
 
+    def diagnostics(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.get("/v1/diagnostics/node").json()
+        return body
+
     def runner(self) -> dict[str, Any]:
-        runner: dict[str, Any] = self.get("/v1/diagnostics/node").json()["runner"]
-        return runner
+        """The newest runner's diagnostics (statistics, failure, deadlines, events)."""
+        runners: list[dict[str, Any]] = self.diagnostics()["runners"]
+        return runners[-1]
 
     def signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None

@@ -5,25 +5,36 @@ mlx and is never imported by the node.
 """
 
 from skulk.runner._errors import (
+    CancelTimeout,
     HelloTimeout,
     LoadFailed,
     LoadTimeout,
     ProtocolError,
     RunnerCrashed,
     RunnerError,
+    RunnerWedged,
+    WarmupTimeout,
 )
 from skulk.runner._process import (
+    TRANSITIONS,
+    Phase,
     RequestEvent,
     Runner,
     RunnerConfig,
     RunnerStatistics,
     terminate_group,
 )
+from skulk.runner._recorder import FlightEvent, FlightRecorder
 
 __all__ = [
+    "TRANSITIONS",
+    "CancelTimeout",
+    "FlightEvent",
+    "FlightRecorder",
     "HelloTimeout",
     "LoadFailed",
     "LoadTimeout",
+    "Phase",
     "ProtocolError",
     "RequestEvent",
     "Runner",
@@ -31,5 +42,7 @@ __all__ = [
     "RunnerCrashed",
     "RunnerError",
     "RunnerStatistics",
+    "RunnerWedged",
+    "WarmupTimeout",
     "terminate_group",
 ]

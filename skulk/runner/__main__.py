@@ -1,4 +1,7 @@
-"""Entry point of a runner subprocess: ``python -m skulk.runner --fd N``."""
+"""Entry point of a runner subprocess (started by the node, not by hand):
+
+python -m skulk.runner --fd N --parent-pid P [--incarnation I] [--heartbeat-interval S]
+"""
 
 from __future__ import annotations
 
@@ -12,9 +15,12 @@ from skulk.runner._child import main
 def _cli() -> int:
     parser = argparse.ArgumentParser(prog="python -m skulk.runner")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the node")
+    parser.add_argument("--parent-pid", type=int, required=True, help="the node's pid")
+    parser.add_argument("--incarnation", type=int, default=1, help="1 for the first runner")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-    return main(args.fd)
+    return main(args.fd, args.parent_pid, args.incarnation, args.heartbeat_interval)
 
 
 if __name__ == "__main__":

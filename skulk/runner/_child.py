@@ -1,13 +1,18 @@
-"""The runner process's main loop (``python -m skulk.runner --fd N``).
+"""The runner process's main loop (``python -m skulk.runner``).
 
 The runner is deliberately not a Trio program: decode steps are blocking mlx calls, so the main
 thread runs the engine and a reader thread turns the socket's bytes into frames on a queue. The
 main thread looks at that queue between decode steps, so a ``Cancel`` takes effect within one
-token. Frames are written from the main thread only (a lock guards the socket for any future
-writer thread, e.g. heartbeats).
+token, and it sends a ``Heartbeat`` every heartbeat interval — while idle, between prefill
+chunks and between decode steps — so a runner whose main loop is stuck falls silent and the node
+can tell it is wedged. Frames are written under a lock.
+
+The runner never outlives its node: a watchdog thread exits the process within 0.2 s of the
+parent pid changing (the node died, even by SIGKILL), and the node's socket closing ends it too.
 
 Exit codes: 0 after ``Shutdown`` or when the node closes the socket; 2 after a load failure
-(reported first as ``RunnerFailed``); 3 on a protocol error from the node.
+(reported first as ``RunnerFailed``); 3 on a protocol error from the node; 70 when the node is
+gone; 13 from a ``crash`` fault hook.
 """
 
 from __future__ import annotations
@@ -15,20 +20,25 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import resource
 import socket
 import threading
+import time
 from pathlib import Path
 
 from skulk import __version__
 from skulk.runner._engine import Engine, Generation, RequestError
+from skulk.runner.faults import Faults
 from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, WireError
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
     Finished,
+    FinishReason,
     FromRunner,
     Generate,
+    Heartbeat,
     Hello,
     Load,
     Loaded,
@@ -39,25 +49,49 @@ from skulk.wire.runner import (
     TokenChunk,
     ToRunner,
     Usage,
+    WarmedUp,
 )
 
 log = logging.getLogger("skulk.runner")
 
 _EOF = object()
+PARENT_GONE_EXIT_CODE = 70
 
 
 class _Link:
-    """Blocking frame I/O over the socket inherited from the node."""
+    """Blocking frame I/O over the socket inherited from the node, and the heartbeat clock."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, heartbeat_interval: float) -> None:
         self._sock = sock
         self._lock = threading.Lock()
+        self._interval = heartbeat_interval
+        self._last_beat = time.monotonic()
+        self._seq = 0
         self.inbox: queue.Queue[ToRunner | object] = queue.Queue()
 
     def send(self, frame: FromRunner) -> None:
         data = FROM_RUNNER.pack(frame)
         with self._lock:
             self._sock.sendall(data)
+
+    def beat(self) -> None:
+        """Send a heartbeat if one is due. Call from the main loop only: it proves *that* runs."""
+        now = time.monotonic()
+        if now - self._last_beat < self._interval:
+            return
+        self._last_beat = now
+        self._seq += 1
+        self.send(Heartbeat(seq=self._seq, rss_bytes=_rss(), mlx_active_bytes=_mlx_active()))
+
+    def next_frame(self, block: bool) -> ToRunner | object | None:
+        """The next frame; when ``block``, wait for one, beating while idle."""
+        while True:
+            try:
+                return self.inbox.get(timeout=self._interval) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                self.beat()
+                if not block:
+                    return None
 
     def read_forever(self) -> None:
         """Reader thread: frames onto the inbox; ``_EOF`` on close or a protocol error."""
@@ -71,29 +105,44 @@ class _Link:
         self.inbox.put(_EOF)
 
 
-def main(fd: int) -> int:
-    sock = socket.socket(fileno=fd)
-    link = _Link(sock)
+def main(fd: int, parent_pid: int, incarnation: int, heartbeat_interval: float) -> int:
+    _die_with_parent(parent_pid)
+    faults = Faults.from_env(incarnation)
+    faults.arm()
+    link = _Link(socket.socket(fileno=fd), heartbeat_interval)
     threading.Thread(target=link.read_forever, name="runner-reader", daemon=True).start()
+    faults.hit("hello")
     link.send(Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid(), skulk_version=__version__))
-    first = link.inbox.get()
+    first = link.next_frame(block=True)
     if not isinstance(first, Load):
         return 0 if first is _EOF or isinstance(first, Shutdown) else 3
     try:
-        engine = _load(link, first)
-    except Exception as exc:
-        link.send(RunnerFailed(reason=_load_failure_reason(exc), message=str(exc)))
-        return 2
-    return _serve(link, engine)
+        try:
+            engine = _load(link, first, faults)
+        except (BrokenPipeError, ConnectionResetError):
+            raise  # the link itself, handled below
+        except Exception as exc:
+            link.send(RunnerFailed(reason=_load_failure_reason(exc), message=str(exc)))
+            return 2
+        return _serve(link, engine, faults)
+    except (BrokenPipeError, ConnectionResetError):
+        return 0  # the node closed the link: it is stopping us
 
 
-def _load(link: _Link, load: Load) -> Engine:
+def _load(link: _Link, load: Load, faults: Faults) -> Engine:
     path = Path(load.model_path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no model at {path} (config.json missing)")
-    engine = Engine.load(path, lambda n, total: link.send(LoadProgress(loaded=n, total=total)))
-    engine.warm_up()
+
+    def progress(n: int, total: int) -> None:
+        link.send(LoadProgress(loaded=n, total=total))
+        faults.hit("load")
+
+    engine = Engine.load(path, progress)
     link.send(Loaded(model_id=load.model_id, context_length=engine.context_length))
+    faults.hit("warm")
+    engine.warm_up()
+    link.send(WarmedUp())
     return engine
 
 
@@ -105,22 +154,20 @@ def _load_failure_reason(exc: Exception) -> str:
     return "load_error"
 
 
-def _serve(link: _Link, engine: Engine) -> int:
+def _serve(link: _Link, engine: Engine, faults: Faults) -> int:
     active: dict[str, Generation] = {}
     while True:
         # Block for work only when idle; otherwise take what has arrived and keep decoding.
-        frames: list[ToRunner | object] = [] if active else [link.inbox.get()]
-        while True:
-            try:
-                frames.append(link.inbox.get_nowait())
-            except queue.Empty:
-                break
+        frames = [] if active else [link.next_frame(block=True)]
+        while (frame := link.next_frame(block=False)) is not None:
+            frames.append(frame)
         for frame in frames:
             if frame is _EOF or isinstance(frame, Shutdown):
                 return 0
             if isinstance(frame, Generate):
                 _start(link, engine, active, frame)
             elif isinstance(frame, Cancel):
+                faults.hit("cancel")
                 gen = active.pop(frame.request_id, None)
                 if gen is not None:
                     link.send(_finished(frame.request_id, gen, "cancelled"))
@@ -128,6 +175,7 @@ def _serve(link: _Link, engine: Engine) -> int:
                 log.error("runner: unexpected frame %r", frame)
                 return 3
         for request_id, gen in list(active.items()):
+            faults.hit("decode", gen.completion_tokens)
             try:
                 step = gen.step()
             except Exception as exc:
@@ -140,6 +188,7 @@ def _serve(link: _Link, engine: Engine) -> int:
             if step.finish_reason is not None:
                 del active[request_id]
                 link.send(_finished(request_id, gen, step.finish_reason))
+        link.beat()
 
 
 def _start(link: _Link, engine: Engine, active: dict[str, Generation], req: Generate) -> None:
@@ -147,7 +196,7 @@ def _start(link: _Link, engine: Engine, active: dict[str, Generation], req: Gene
         link.send(RequestFailed(req.request_id, "duplicate_request", "request id already active"))
         return
     try:
-        active[req.request_id] = engine.start(req.prompt, req.params)
+        active[req.request_id] = engine.start(req.prompt, req.params, tick=link.beat)
     except RequestError as exc:
         link.send(RequestFailed(req.request_id, exc.reason, exc.message))
     except Exception as exc:
@@ -155,6 +204,36 @@ def _start(link: _Link, engine: Engine, active: dict[str, Generation], req: Gene
         link.send(RequestFailed(req.request_id, "engine_error", f"prefill failed: {exc}"))
 
 
-def _finished(request_id: str, gen: Generation, reason: str) -> Finished:
+def _finished(request_id: str, gen: Generation, reason: FinishReason) -> Finished:
     usage = Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens)
-    return Finished(request_id, reason, usage)  # type: ignore[arg-type]
+    return Finished(request_id, reason, usage)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Exit within 0.2 s when the node dies, even by SIGKILL: a watchdog thread notices that
+    the parent pid changed (the orphan is re-parented). Not ``PR_SET_PDEATHSIG``: that fires
+    when the *thread* that spawned us exits, and Trio spawns from short-lived worker threads."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(PARENT_GONE_EXIT_CODE)
+
+    if os.getppid() != parent_pid:  # the parent died before we got here
+        os._exit(PARENT_GONE_EXIT_CODE)
+    threading.Thread(target=watch, name="runner-parent-watch", daemon=True).start()
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _mlx_active() -> int:
+    import mlx.core as mx
+
+    get = getattr(mx, "get_active_memory", None)
+    return int(get()) if get is not None else 0

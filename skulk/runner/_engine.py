@@ -81,7 +81,11 @@ class Engine:
         assert isinstance(prompt, TextPrompt)
         return list(tok.encode(prompt.text))
 
-    def start(self, prompt: Prompt, params: SamplingParams) -> Generation:
+    def start(
+        self, prompt: Prompt, params: SamplingParams, tick: Callable[[], None] = lambda: None
+    ) -> Generation:
+        """Tokenize and prefill (calling ``tick()`` between prefill chunks); refuses with
+        :class:`RequestError` a prompt that is empty or does not fit the context."""
         tokens = self.encode(prompt)
         if not tokens:
             raise RequestError("empty_prompt", "the prompt encodes to no tokens")
@@ -91,7 +95,7 @@ class Engine:
                 f"the prompt has {len(tokens)} tokens; this model's context is "
                 f"{self.context_length} tokens",
             )
-        return Generation(self, tokens, params)
+        return Generation(self, tokens, params, tick)
 
     def warm_up(self) -> None:
         """Run one tiny generation so the first real request does not pay for lazy set-up."""
@@ -107,7 +111,13 @@ class Generation:
     own ``generate_step`` does, so the host and the device overlap.
     """
 
-    def __init__(self, engine: Engine, prompt_tokens: list[int], params: SamplingParams) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        tick: Callable[[], None] = lambda: None,
+    ) -> None:
         self._engine = engine
         self._params = params
         self.prompt_tokens = len(prompt_tokens)
@@ -121,14 +131,15 @@ class Generation:
         self._stops = StopMatcher(params.stop)
         self._eos = set(engine.tokenizer.eos_token_ids)
         self.finish_reason: FinishReason | None = None
-        self._pending = self._prefill(mx.array(prompt_tokens))
+        self._pending = self._prefill(mx.array(prompt_tokens), tick)
 
-    def _prefill(self, prompt: mx.array) -> mx.array:
+    def _prefill(self, prompt: mx.array, tick: Callable[[], None]) -> mx.array:
         while prompt.size > 1:
             n = min(PREFILL_STEP, prompt.size - 1)
             self._engine.model(prompt[:n][None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
             prompt = prompt[n:]
+            tick()
         nxt = self._forward(prompt)
         _async_eval(nxt)
         return nxt

@@ -19,11 +19,34 @@ class RunnerError(Exception):
 
 
 class HelloTimeout(RunnerError):
+    """The runner did not say hello within ``hello_timeout`` of being spawned."""
+
     reason = "hello_timeout"
 
 
 class LoadTimeout(RunnerError):
+    """The model was not loaded within ``load_timeout``."""
+
     reason = "load_timeout"
+
+
+class WarmupTimeout(RunnerError):
+    """The warm-up generation did not finish within ``warmup_timeout``."""
+
+    reason = "warmup_timeout"
+
+
+class RunnerWedged(RunnerError):
+    """A request was active and the runner sent nothing — no token, no heartbeat — for
+    ``progress_timeout``."""
+
+    reason = "runner_wedged"
+
+
+class CancelTimeout(RunnerError):
+    """A cancelled request was not acknowledged within ``cancel_timeout``."""
+
+    reason = "cancel_timeout"
 
 
 class LoadFailed(RunnerError):
@@ -35,12 +58,17 @@ class LoadFailed(RunnerError):
         self.retryable = reason not in NON_RETRYABLE_LOAD_FAILURES
 
 
+#: Load failures that relaunching cannot fix.
 NON_RETRYABLE_LOAD_FAILURES = frozenset({"model_not_found", "out_of_memory"})
 
 
 class RunnerCrashed(RunnerError):
+    """The runner process exited or closed its socket while it was needed."""
+
     reason = "runner_crashed"
 
 
 class ProtocolError(RunnerError):
+    """The runner sent something the protocol does not allow."""
+
     reason = "protocol_error"

@@ -1,16 +1,24 @@
-"""Parent side of a runner: owns one ``python -m skulk.runner`` subprocess.
+"""Parent side of a runner: owns one ``python -m skulk.runner`` subprocess and its deadlines.
 
-:meth:`Runner.run` spawns the process in its own process group, waits for ``Hello`` and for the
-model to load (each under a deadline), then dispatches the runner's frames to the requests
-waiting for them until the process exits or the caller cancels. However ``run`` ends — success,
-failure or cancellation — the whole process group is terminated (SIGTERM, a grace period, then
-SIGKILL) and reaped, and every open request's channel is closed so no caller waits on a runner
-that is gone.
+:meth:`Runner.run` spawns the process in its own process group and drives its lifecycle::
+
+    spawning → loading(n/total) → warming → ready ⇄ busy → stopping → stopped
+    failed(reason) from any state
+
+Every wait on the runner has a deadline, each a typed :class:`~skulk.runner.RunnerError`:
+``hello_timeout`` (spawn → Hello), ``load_timeout``, ``warmup_timeout``, ``progress_timeout``
+(while a request is active, some frame — a token or a heartbeat — must arrive within it, else the
+runner is *wedged*) and ``cancel_timeout`` (a Cancel must be acknowledged). However ``run`` ends —
+failure, shutdown or cancellation from outside — every open request's channel is closed at once
+(so no caller waits for a client-side timeout), and the whole process group is terminated
+(SIGTERM, ``shutdown_grace``, SIGKILL) and reaped. Each runner keeps a
+:class:`~skulk.runner.FlightRecorder`, written to the log when a deadline fires.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -25,13 +33,18 @@ import attrs
 import trio
 
 from skulk.runner._errors import (
+    CancelTimeout,
     HelloTimeout,
     LoadFailed,
     LoadTimeout,
     ProtocolError,
     RunnerCrashed,
     RunnerError,
+    RunnerWedged,
+    WarmupTimeout,
 )
+from skulk.runner._recorder import FlightEvent, FlightRecorder
+from skulk.runner.faults import ENV as FAULTS_ENV
 from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, WireError
 from skulk.wire.runner import (
@@ -51,12 +64,25 @@ from skulk.wire.runner import (
     SamplingParams,
     TokenChunk,
     ToRunner,
+    WarmedUp,
 )
 
 log = logging.getLogger("skulk.runner")
 
 RequestEvent = TokenChunk | Finished | RequestFailed
-Phase = Literal["spawning", "loading", "ready", "stopping", "stopped", "failed"]
+Phase = Literal["spawning", "loading", "warming", "ready", "busy", "stopping", "stopped", "failed"]
+
+#: The lifecycle as data: the phases each phase may move to.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    "spawning": frozenset({"loading", "stopping", "failed"}),
+    "loading": frozenset({"warming", "stopping", "failed"}),
+    "warming": frozenset({"ready", "stopping", "failed"}),
+    "ready": frozenset({"busy", "stopping", "failed"}),
+    "busy": frozenset({"ready", "stopping", "failed"}),
+    "stopping": frozenset({"stopped", "failed"}),
+    "stopped": frozenset(),
+    "failed": frozenset(),
+}
 
 #: Events buffered per request before the runner's reader waits for that request's consumer.
 REQUEST_BUFFER = 1024
@@ -65,17 +91,37 @@ TAIL_LINES = 64
 
 @attrs.frozen
 class RunnerConfig:
-    """Deadlines (seconds) and limits of one runner process."""
+    """Deadlines (seconds) and settings of one runner process.
+
+    ``progress_timeout = 0`` disables the progress deadline (a wedged runner then hangs its
+    requests: only for experiments). ``faults`` is a fault-hook spec (see
+    :mod:`skulk.runner.faults`), empty in production.
+    """
 
     hello_timeout: float = 30.0
     load_timeout: float = 600.0
+    warmup_timeout: float = 60.0
+    progress_timeout: float = 30.0
+    cancel_timeout: float = 5.0
     shutdown_grace: float = 5.0
-    cancel_send_timeout: float = 1.0
+    heartbeat_interval: float = 1.0
+    faults: str = ""
     python: str = sys.executable
+
+    def deadlines(self) -> dict[str, float]:
+        return {
+            "hello_timeout": self.hello_timeout,
+            "load_timeout": self.load_timeout,
+            "warmup_timeout": self.warmup_timeout,
+            "progress_timeout": self.progress_timeout,
+            "cancel_timeout": self.cancel_timeout,
+            "shutdown_grace": self.shutdown_grace,
+        }
 
 
 @attrs.frozen
 class RunnerStatistics:
+    incarnation: int
     phase: Phase
     pid: int | None
     loaded: int
@@ -83,13 +129,15 @@ class RunnerStatistics:
     active_requests: int
     tokens_out: int
     cancelled: int
+    rss_bytes: int | None
+    mlx_active_bytes: int | None
     exit_code: int | None
     failure: str | None
 
 
 class Runner:
     """One runner subprocess serving one model. Create it, then ``await nursery.start(r.run)``
-    (``start`` returns once the model is loaded) and use :meth:`open_request`."""
+    (``start`` returns once the model is loaded and warm) and use :meth:`open_request`."""
 
     def __init__(
         self,
@@ -97,39 +145,55 @@ class Runner:
         model_path: str,
         config: RunnerConfig | None = None,
         *,
-        on_progress: Callable[[int, int], None] | None = None,
+        incarnation: int = 1,
+        on_phase: Callable[[Runner], None] | None = None,
     ) -> None:
         self.model_id = model_id
         self.model_path = model_path
         self.config = config or RunnerConfig()
+        self.incarnation = incarnation
         self.phase: Phase = "spawning"
         self.failure: RunnerError | None = None
         self.context_length = 0
-        self._on_progress = on_progress
-        self._progress = (0, 0)
+        self.recorder = FlightRecorder()
+        self.progress = (0, 0)
+        self._on_phase = on_phase
         self._pid: int | None = None
         self._stream: trio.SocketStream | None = None
         self._send_lock = trio.Lock()
+        # Consumers waiting for a request's events, and the requests the runner still works on
+        # (a cancelled request stays in _inflight until the runner acknowledges it).
         self._requests: dict[str, trio.MemorySendChannel[RequestEvent]] = {}
+        self._inflight: dict[str, bool] = {}  # request id → first token seen
+        self._cancel_deadlines: dict[str, float] = {}
+        self._last_progress = 0.0
+        self._watchdog: trio.CancelScope | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._tokens_out = 0
         self._cancelled = 0
+        self._memory: tuple[int, int] | None = None
         self._exit_code: int | None = None
 
     # ---- public ---------------------------------------------------------------------------
 
     def statistics(self) -> RunnerStatistics:
         return RunnerStatistics(
+            incarnation=self.incarnation,
             phase=self.phase,
             pid=self._pid,
-            loaded=self._progress[0],
-            total=self._progress[1],
-            active_requests=len(self._requests),
+            loaded=self.progress[0],
+            total=self.progress[1],
+            active_requests=len(self._inflight),
             tokens_out=self._tokens_out,
             cancelled=self._cancelled,
+            rss_bytes=self._memory[0] if self._memory else None,
+            mlx_active_bytes=self._memory[1] if self._memory else None,
             exit_code=self._exit_code,
             failure=str(self.failure) if self.failure else None,
         )
+
+    def flight_events(self) -> tuple[FlightEvent, ...]:
+        return self.recorder.events()
 
     @property
     def output_tail(self) -> tuple[str, ...]:
@@ -144,14 +208,21 @@ class Runner:
 
         The channel ends after a ``Finished`` or ``RequestFailed``; if it ends without one, the
         runner went away (see :attr:`failure`). Leaving the block before the request finished
-        (client gone, cancellation) sends ``Cancel`` to the runner.
+        (client gone, cancellation) sends ``Cancel``, which the runner must acknowledge within
+        ``cancel_timeout``.
         """
-        if self.phase != "ready":
+        if self.phase not in ("ready", "busy"):
             raise RunnerCrashed(f"runner is {self.phase}")
-        if request_id in self._requests:
+        if request_id in self._requests or request_id in self._inflight:
             raise ValueError(f"request id {request_id!r} already active")
         send, receive = trio.open_memory_channel[RequestEvent](REQUEST_BUFFER)
         self._requests[request_id] = send
+        if not self._inflight:
+            self._last_progress = trio.current_time()
+            self._transition("busy")
+        self._inflight[request_id] = False
+        self.recorder.record("request.start", request_id=request_id)
+        self._rearm()
         try:
             await self._send(Generate(request_id=request_id, prompt=prompt, params=params))
             async with receive:
@@ -160,31 +231,40 @@ class Runner:
             # Still registered ⇒ the runner has not finished it: stop the work there.
             if self._requests.pop(request_id, None) is not None:
                 send.close()
-                if self.phase == "ready":
-                    with trio.move_on_after(self.config.cancel_send_timeout, shield=True):
-                        try:
-                            await self._send(Cancel(request_id=request_id))
-                        except RunnerError:
-                            pass  # the runner is gone; nothing left to cancel
+                if request_id in self._inflight and self.phase == "busy":
+                    await self._cancel(request_id)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Spawn, load, then serve until the process exits (raises) or we are cancelled."""
+        """Spawn, load, warm up, then serve until the process fails or we are cancelled."""
         parent_sock, child_sock = socket.socketpair()
         try:
             proc = await trio.lowlevel.open_process(
-                [self.config.python, "-m", "skulk.runner", "--fd", str(child_sock.fileno())],
+                [
+                    self.config.python,
+                    "-m",
+                    "skulk.runner",
+                    "--fd",
+                    str(child_sock.fileno()),
+                    "--parent-pid",
+                    str(os.getpid()),
+                    "--incarnation",
+                    str(self.incarnation),
+                    "--heartbeat-interval",
+                    str(self.config.heartbeat_interval),
+                ],
                 pass_fds=(child_sock.fileno(),),
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", FAULTS_ENV: self.config.faults},
             )
         finally:
             child_sock.close()
         self._pid = proc.pid
         self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
-        log.info("runner %s: started pid %d for %s", self.model_id, proc.pid, self.model_path)
+        self.recorder.record("phase", f"spawning pid {proc.pid}")
+        log.info("runner %s#%d: started pid %d", self.model_id, self.incarnation, proc.pid)
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -193,6 +273,7 @@ class Runner:
                     nursery.start_soon(self._drain, proc.stderr)
                     frames = self._frames(self._stream)
                     await self._handshake(frames)
+                    nursery.start_soon(self._watch)
                     task_status.started()
                     await self._dispatch(frames)
             except BaseExceptionGroup as group:
@@ -203,74 +284,200 @@ class Runner:
         except RunnerError as exc:
             self._fail(exc)
             raise
-        except BaseException:
-            if self.phase != "failed":
-                self.phase = "stopping"
-            raise
         finally:
             await self._stop(proc)
 
-    # ---- internals ------------------------------------------------------------------------
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def _transition(self, phase: Phase, detail: str = "") -> None:
+        if phase == self.phase:
+            return
+        if phase not in TRANSITIONS[self.phase]:
+            raise AssertionError(f"runner cannot go from {self.phase} to {phase}")
+        self.phase = phase
+        self.recorder.record("phase", f"{phase}{': ' + detail if detail else ''}")
+        if self._on_phase is not None:
+            self._on_phase(self)
+
+    def _fail(self, exc: RunnerError) -> None:
+        if not exc.tail:
+            exc.tail = self.output_tail
+        self.failure = exc
+        if self.phase != "failed":
+            self._transition("failed", str(exc))
+        log.error("runner %s#%d failed: %s", self.model_id, self.incarnation, exc)
 
     async def _handshake(self, frames: AsyncIterator[FromRunner]) -> None:
-        with trio.move_on_after(self.config.hello_timeout) as hello_scope:
-            hello = await _next(frames)
-        if hello_scope.cancelled_caught:
-            raise HelloTimeout(
-                f"no hello within {self.config.hello_timeout:g}s", tail=self.output_tail
-            )
+        cfg = self.config
+        hello = await self._within(cfg.hello_timeout, "hello_timeout", HelloTimeout, frames)
         if not isinstance(hello, Hello):
             raise ProtocolError(f"expected Hello, got {type(hello).__name__}")
         if hello.protocol_version != PROTOCOL_VERSION:
             raise ProtocolError(
                 f"runner speaks protocol {hello.protocol_version}, node {PROTOCOL_VERSION}"
             )
-        self.phase = "loading"
+        self._transition("loading")
         await self._send(Load(model_path=self.model_path, model_id=self.model_id))
-        with trio.move_on_after(self.config.load_timeout) as load_scope:
+        with trio.move_on_after(cfg.load_timeout) as load_scope:
+            while not isinstance(frame := await _next(frames), Loaded):
+                if isinstance(frame, LoadProgress):
+                    self.progress = (frame.loaded, frame.total)
+                    self.recorder.record("progress", f"loading {frame.loaded}/{frame.total}")
+                    if self._on_phase is not None:
+                        self._on_phase(self)
+                else:
+                    self._expect_while("loading", frame)
+            self.context_length = frame.context_length
+        if load_scope.cancelled_caught:
+            self._deadline_fired("load_timeout")
+            raise LoadTimeout(f"model not loaded within {cfg.load_timeout:g}s")
+        self._transition("warming")
+        warmed = await self._within(cfg.warmup_timeout, "warmup_timeout", WarmupTimeout, frames)
+        if not isinstance(warmed, WarmedUp):
+            raise ProtocolError(f"expected WarmedUp, got {type(warmed).__name__}")
+        self._transition("ready", f"context {self.context_length}")
+        log.info("runner %s#%d: ready", self.model_id, self.incarnation)
+
+    async def _within(
+        self,
+        seconds: float,
+        name: str,
+        error: type[RunnerError],
+        frames: AsyncIterator[FromRunner],
+    ) -> FromRunner:
+        """The next frame other than a heartbeat, within ``seconds`` or ``error``."""
+        with trio.move_on_after(seconds):
             while True:
                 frame = await _next(frames)
-                if isinstance(frame, LoadProgress):
-                    self._progress = (frame.loaded, frame.total)
-                    if self._on_progress is not None:
-                        self._on_progress(frame.loaded, frame.total)
-                elif isinstance(frame, Loaded):
-                    self.context_length = frame.context_length
-                    break
-                elif isinstance(frame, RunnerFailed):
+                if isinstance(frame, RunnerFailed):
                     raise LoadFailed(frame.reason, frame.message, tail=self.output_tail)
-                elif not isinstance(frame, Heartbeat):
-                    raise ProtocolError(f"unexpected {type(frame).__name__} while loading")
-        if load_scope.cancelled_caught:
-            raise LoadTimeout(
-                f"model not loaded within {self.config.load_timeout:g}s", tail=self.output_tail
-            )
-        self.phase = "ready"
-        log.info("runner %s: ready (context %d)", self.model_id, self.context_length)
+                if not isinstance(frame, Heartbeat):
+                    return frame
+                self._heartbeat(frame)
+        self._deadline_fired(name)
+        raise error(f"nothing within {seconds:g}s ({name})")
+
+    def _expect_while(self, phase: str, frame: FromRunner) -> None:
+        if isinstance(frame, RunnerFailed):
+            raise LoadFailed(frame.reason, frame.message, tail=self.output_tail)
+        if isinstance(frame, Heartbeat):
+            self._heartbeat(frame)
+            return
+        raise ProtocolError(f"unexpected {type(frame).__name__} while {phase}")
+
+    # ---- serving --------------------------------------------------------------------------
 
     async def _dispatch(self, frames: AsyncIterator[FromRunner]) -> None:
         async for frame in frames:
+            self._last_progress = trio.current_time()
             if isinstance(frame, (TokenChunk, Finished, RequestFailed)):
-                if isinstance(frame, Finished) and frame.finish_reason == "cancelled":
-                    self._cancelled += 1
-                send = self._requests.get(frame.request_id)
-                if send is None:
-                    continue  # the request was abandoned; its Cancel is on the way
-                if isinstance(frame, TokenChunk):
-                    self._tokens_out += len(frame.token_ids)
-                else:
-                    del self._requests[frame.request_id]
-                try:
-                    await send.send(frame)
-                except trio.BrokenResourceError:
-                    pass  # its consumer left
-                if not isinstance(frame, TokenChunk):
-                    send.close()
+                await self._deliver(frame)
+            elif isinstance(frame, Heartbeat):
+                self._heartbeat(frame)
             elif isinstance(frame, RunnerFailed):
                 raise RunnerCrashed(f"{frame.reason}: {frame.message}", tail=self.output_tail)
-            elif not isinstance(frame, Heartbeat):
+            else:
                 raise ProtocolError(f"unexpected {type(frame).__name__} while serving")
+            self._rearm()
         raise RunnerCrashed("runner closed its socket", tail=self.output_tail)
+
+    async def _deliver(self, frame: RequestEvent) -> None:
+        rid = frame.request_id
+        if rid not in self._inflight:
+            return  # not ours (a duplicate or a late frame): ignore
+        if isinstance(frame, TokenChunk):
+            self._tokens_out += len(frame.token_ids)
+            if not self._inflight[rid]:
+                self._inflight[rid] = True
+                self.recorder.record("request.first_token", request_id=rid)
+        else:
+            del self._inflight[rid]
+            self._cancel_deadlines.pop(rid, None)
+            if isinstance(frame, Finished):
+                if frame.finish_reason == "cancelled":
+                    self._cancelled += 1
+                detail = f"{frame.finish_reason}, {frame.usage.completion_tokens} tokens"
+                self.recorder.record("request.finish", detail, rid)
+            else:
+                self.recorder.record("request.fail", f"{frame.reason}: {frame.message}", rid)
+            if not self._inflight:
+                self._transition("ready")
+        send = self._requests.get(rid)
+        if send is None:
+            return  # the consumer left; its Cancel is on the way
+        if not isinstance(frame, TokenChunk):
+            del self._requests[rid]
+        try:
+            await send.send(frame)
+        except trio.BrokenResourceError:
+            pass  # its consumer left
+        if not isinstance(frame, TokenChunk):
+            send.close()
+
+    async def _cancel(self, request_id: str) -> None:
+        """Ask the runner to drop a request; it must acknowledge within ``cancel_timeout``."""
+        self._cancel_deadlines[request_id] = trio.current_time() + self.config.cancel_timeout
+        self.recorder.record("request.cancel", request_id=request_id)
+        self._rearm()
+        with trio.move_on_after(self.config.cancel_timeout, shield=True):
+            try:
+                await self._send(Cancel(request_id=request_id))
+            except RunnerError:
+                pass  # the runner is gone; run() reports why
+
+    def _heartbeat(self, beat: Heartbeat) -> None:
+        self._memory = (beat.rss_bytes, beat.mlx_active_bytes)
+        if self._inflight:  # idle heartbeats would crowd the recorder out
+            self.recorder.record(
+                "heartbeat",
+                f"#{beat.seq} rss {beat.rss_bytes >> 20} MiB, "
+                f"mlx {beat.mlx_active_bytes >> 20} MiB",
+            )
+
+    # ---- the watchdog ---------------------------------------------------------------------
+
+    def _rearm(self) -> None:
+        """Point the watchdog at the earliest deadline now pending (progress, cancel acks)."""
+        if self._watchdog is None:
+            return
+        deadline = math.inf
+        if self._inflight and self.config.progress_timeout > 0:
+            deadline = self._last_progress + self.config.progress_timeout
+        if self._cancel_deadlines:
+            deadline = min(deadline, *self._cancel_deadlines.values())
+        self._watchdog.deadline = deadline
+
+    async def _watch(self) -> None:
+        """Raise :class:`RunnerWedged` / :class:`CancelTimeout` when their deadline passes."""
+        while True:
+            with trio.CancelScope() as scope:
+                self._watchdog = scope
+                self._rearm()
+                await trio.sleep_forever()
+            self._watchdog = None
+            now = trio.current_time()
+            late = sorted(r for r, d in self._cancel_deadlines.items() if d <= now)
+            if late:
+                self._deadline_fired("cancel_timeout")
+                raise CancelTimeout(
+                    f"cancel of {late[0]} not acknowledged within {self.config.cancel_timeout:g}s",
+                    tail=self.output_tail,
+                )
+            timeout = self.config.progress_timeout
+            if self._inflight and timeout > 0 and now >= self._last_progress + timeout:
+                self._deadline_fired("progress_timeout")
+                raise RunnerWedged(
+                    f"{len(self._inflight)} request(s) active and nothing from the runner "
+                    f"for {timeout:g}s",
+                    tail=self.output_tail,
+                )
+            # The deadline moved after it passed: re-arm and keep watching.
+
+    def _deadline_fired(self, name: str) -> None:
+        self.recorder.record("deadline", f"{name} ({self.config.deadlines()[name]:g}s)")
+        self.recorder.dump(log, f"runner {self.model_id}#{self.incarnation}: {name} fired")
+
+    # ---- I/O ------------------------------------------------------------------------------
 
     async def _frames(self, stream: trio.SocketStream) -> AsyncIterator[FromRunner]:
         reader = FrameReader(FROM_RUNNER)
@@ -313,46 +520,52 @@ class Runner:
     def _log_line(self, raw: bytes) -> None:
         line = raw.decode("utf-8", "replace").rstrip()[:2000]
         self._tail.append(line)
-        log.info("runner %s[%s]: %s", self.model_id, self._pid, line)
-
-    def _fail(self, exc: RunnerError) -> None:
-        if not exc.tail:
-            exc.tail = self.output_tail
-        self.failure = exc
-        self.phase = "failed"
-        log.error("runner %s failed: %s", self.model_id, exc)
+        log.info("runner %s#%d[%s]: %s", self.model_id, self.incarnation, self._pid, line)
 
     async def _stop(self, proc: trio.Process) -> None:
-        """Terminate the process group within the grace period, reap it, fail open requests."""
+        """Fail open requests at once, then terminate the process group and reap it."""
+        if self.phase != "failed":
+            self._transition("stopping")
         with trio.move_on_after(2 * self.config.shutdown_grace + 1, shield=True):
             for send in self._requests.values():
                 send.close()
             self._requests.clear()
+            self._inflight.clear()
             if self._stream is not None:
                 await self._stream.aclose()
-            await terminate_group(proc, self.config.shutdown_grace)
+            await terminate_group(
+                proc,
+                self.config.shutdown_grace,
+                lambda sig: self.recorder.record("signal", f"{sig.name} to group {proc.pid}"),
+            )
         self._exit_code = proc.returncode
+        self.recorder.record("exit", f"code {proc.returncode}")
         if self.phase != "failed":
-            self.phase = "stopped"
-        log.info("runner %s: pid %d exited with %s", self.model_id, proc.pid, proc.returncode)
+            self._transition("stopped")
+        log.info("runner %s#%d: exited with %s", self.model_id, self.incarnation, proc.returncode)
 
 
-async def terminate_group(proc: trio.Process, grace: float) -> None:
+async def terminate_group(
+    proc: trio.Process,
+    grace: float,
+    on_signal: Callable[[signal.Signals], None] = lambda sig: None,
+) -> None:
     """SIGTERM the process group, wait up to ``grace``, then SIGKILL the group and reap."""
     if proc.returncode is None:
-        _killpg(proc.pid, signal.SIGTERM)
+        _killpg(proc.pid, signal.SIGTERM, on_signal)
         with trio.move_on_after(grace):
             await proc.wait()
     # Also when the leader is gone already: a grandchild may still hold the group.
-    _killpg(proc.pid, signal.SIGKILL)
+    _killpg(proc.pid, signal.SIGKILL, on_signal if proc.returncode is None else lambda s: None)
     await proc.wait()
 
 
-def _killpg(pgid: int, sig: signal.Signals) -> None:
+def _killpg(pgid: int, sig: signal.Signals, on_signal: Callable[[signal.Signals], None]) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        return
+    on_signal(sig)
 
 
 async def _next(frames: AsyncIterator[FromRunner]) -> FromRunner:

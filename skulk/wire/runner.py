@@ -1,16 +1,19 @@
 """Frames spoken between a node and its runner subprocess over a socketpair.
 
 Parent → runner: :class:`Load`, :class:`Generate`, :class:`Cancel`, :class:`Shutdown`.
-Runner → parent: :class:`Hello`, :class:`LoadProgress`, :class:`Loaded`, :class:`TokenChunk`,
-:class:`Finished`, :class:`RequestFailed`, :class:`RunnerFailed`, :class:`Heartbeat`.
+Runner → parent: :class:`Hello`, :class:`LoadProgress`, :class:`Loaded`, :class:`WarmedUp`,
+:class:`TokenChunk`, :class:`Finished`, :class:`RequestFailed`, :class:`RunnerFailed`,
+:class:`Heartbeat`.
 
 A conversation: the runner starts and sends ``Hello``; the parent checks the protocol version and
-sends ``Load``; the runner answers ``LoadProgress`` frames then ``Loaded`` (or ``RunnerFailed``).
+sends ``Load``; the runner answers ``LoadProgress`` frames then ``Loaded`` (or ``RunnerFailed``),
+runs a warm-up generation and sends ``WarmedUp``.
 After that the parent sends ``Generate`` frames (several may be active at once, keyed by
 ``request_id``); each active request ends with exactly one ``Finished`` or ``RequestFailed``.
 ``Cancel`` for an active request makes it finish with ``finish_reason="cancelled"``; ``Cancel`` for
 an unknown id is ignored (the request may have finished already). ``Shutdown`` asks the runner to
-exit cleanly.
+exit cleanly. The runner sends ``Heartbeat`` every heartbeat interval from its main loop (idle,
+or between decode/prefill steps), so silence means it is wedged, not merely busy.
 """
 
 from __future__ import annotations
@@ -116,6 +119,11 @@ class Loaded:
 
 
 @attrs.frozen
+class WarmedUp:
+    """The warm-up generation ran; the runner takes ``Generate`` frames from now on."""
+
+
+@attrs.frozen
 class TokenChunk:
     """One decode step's output: the token ids and the text they add (may be empty while a
     multi-byte character or a possible stop string is held back)."""
@@ -152,10 +160,22 @@ class RunnerFailed:
 
 @attrs.frozen
 class Heartbeat:
+    """Proof of life from the runner's main loop, with its memory readings."""
+
     seq: int
+    rss_bytes: int
+    mlx_active_bytes: int
 
 
 ToRunner = Load | Generate | Cancel | Shutdown
 FromRunner = (
-    Hello | LoadProgress | Loaded | TokenChunk | Finished | RequestFailed | RunnerFailed | Heartbeat
+    Hello
+    | LoadProgress
+    | Loaded
+    | WarmedUp
+    | TokenChunk
+    | Finished
+    | RequestFailed
+    | RunnerFailed
+    | Heartbeat
 )

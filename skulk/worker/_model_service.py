@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from pathlib import Path
@@ -33,7 +34,10 @@ from skulk.worker._coalesce import coalesce
 
 log = logging.getLogger("skulk.worker")
 
-State = Literal["resolving", "loading", "ready", "restarting", "failed", "stopped"]
+State = Literal["resolving", "loading", "warming", "ready", "restarting", "failed", "stopped"]
+
+#: Runners (the current one and the ones before it) whose flight recorders are kept.
+KEPT_RUNNERS = 4
 
 
 @attrs.frozen
@@ -101,6 +105,7 @@ class ModelService:
         self._stream_interval = stream_interval
         self._status = ModelStatus(model_id, "resolving")
         self._runner: Runner | None = None
+        self._recent: deque[Runner] = deque(maxlen=KEPT_RUNNERS)
 
     def status(self) -> ModelStatus:
         return self._status
@@ -108,6 +113,14 @@ class ModelService:
     def runner_statistics(self) -> RunnerStatistics | None:
         """The current runner's statistics, or None while none is running."""
         return self._runner.statistics() if self._runner is not None else None
+
+    def recent_runners(self) -> tuple[Runner, ...]:
+        """The last few runners, oldest first (the newest may be the current one)."""
+        return tuple(self._recent)
+
+    @property
+    def runner_config(self) -> RunnerConfig:
+        return self._runner_config
 
     async def run(self) -> None:
         """Resolve the model, then keep a runner up until cancelled or failed for good."""
@@ -118,11 +131,18 @@ class ModelService:
             self._set(state="failed", failure_reason=reason, failure_message=str(exc))
             log.error("model %s: %s", self.model_id, exc)
             return
+        incarnation = 0
         try:
             while True:
+                incarnation += 1
                 runner = Runner(
-                    self.model_id, str(path), self._runner_config, on_progress=self._on_progress
+                    self.model_id,
+                    str(path),
+                    self._runner_config,
+                    incarnation=incarnation,
+                    on_phase=self._follow,
                 )
+                self._recent.append(runner)
                 self._set(state="loading", loaded=0, total=0)
                 started = trio.current_time()
                 try:
@@ -192,8 +212,11 @@ class ModelService:
             raise RequestFailure(failure.reason, failure.message)
         raise RequestFailure("runner_stopped", "the runner was stopped")
 
-    def _on_progress(self, loaded: int, total: int) -> None:
-        self._set(loaded=loaded, total=total)
+    def _follow(self, runner: Runner) -> None:
+        """Mirror a starting runner's progress in the model's status."""
+        loaded, total = runner.progress
+        if runner.phase in ("loading", "warming"):
+            self._set(state=runner.phase, loaded=loaded, total=total)
 
     def _set(self, **changes: object) -> None:
         self._status = attrs.evolve(self._status, **changes)  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ async def collect(runner: Runner, rid: str, prompt: object, params: SamplingPara
 
 async def test_real_runner_loads_generates_and_stops(model_dir: Path) -> None:
     progress: list[tuple[int, int]] = []
-    runner = Runner("skulk-demo", str(model_dir), on_progress=lambda n, t: progress.append((n, t)))
+    runner = Runner("skulk-demo", str(model_dir), on_phase=lambda r: progress.append(r.progress))
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             await nursery.start(runner.run)

@@ -30,6 +30,17 @@ def test_env_overrides_defaults_and_flags_override_env() -> None:
     assert (config.port, config.home, config.model) == (7000, Path("/data/skulk"), "other")
 
 
+def test_every_option_has_a_flag_and_env_and_a_config_field() -> None:
+    config = parse(
+        ["--progress-timeout", "0", "--runner-faults", "hang@decode:3#1", "--restart-limit", "2"],
+        {"SKULK_WARMUP_TIMEOUT": "7.5"},
+    )
+    assert config.progress_timeout == 0.0  # 0 disables the deadline
+    assert config.runner_faults == "hang@decode:3#1"
+    assert config.restart_limit == 2
+    assert config.warmup_timeout == 7.5
+
+
 def test_xdg_data_home_is_respected() -> None:
     assert parse([], {"XDG_DATA_HOME": "/xdg"}).home == Path("/xdg/skulk")
 
@@ -39,9 +50,13 @@ def test_xdg_data_home_is_respected() -> None:
     [
         (["--port", "http"], {}, "--port"),
         ([], {"SKULK_PORT": "x"}, "SKULK_PORT"),
-        (["--port", "70000"], {}, "port"),
-        (["--log-level", "loud"], {}, "log level"),
+        (["--port", "70000"], {}, "--port"),
+        (["--log-level", "loud"], {}, "--log-level"),
         (["--load-timeout", "soon"], {}, "--load-timeout"),
+        (["--progress-timeout", "-1"], {}, "--progress-timeout"),
+        (["--cancel-timeout", "0"], {}, "--cancel-timeout"),
+        (["--restart-limit", "1.5"], {}, "--restart-limit"),
+        ([], {"SKULK_RUNNER_FAULTS": "explode@load"}, "SKULK_RUNNER_FAULTS"),
     ],
 )
 def test_bad_values_name_their_source(argv: list[str], env: dict[str, str], names: str) -> None:

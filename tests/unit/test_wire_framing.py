@@ -23,10 +23,10 @@ from skulk.wire.runner import (
 
 FROM: Codec[FromRunner] = Codec(FromRunner, max_frame_size=1024)
 FRAMES: list[FromRunner] = [
-    Heartbeat(1),
+    Heartbeat(1, 0, 0),
     TokenChunk("r1", (10, 11), "hi"),
     TokenChunk("r1", (), ""),
-    Heartbeat(2),
+    Heartbeat(2, 0, 0),
 ]
 
 
@@ -35,8 +35,8 @@ def reader() -> FrameReader[FromRunner]:
 
 
 def test_pack_is_a_big_endian_length_then_the_body() -> None:
-    body = FROM.encode(Heartbeat(7))
-    packed = FROM.pack(Heartbeat(7))
+    body = FROM.encode(Heartbeat(7, 0, 0))
+    packed = FROM.pack(Heartbeat(7, 0, 0))
     assert LENGTH_PREFIX_SIZE == 4
     assert packed == len(body).to_bytes(4, "big") + body
 
@@ -92,7 +92,7 @@ def test_accepts_views_of_any_item_size() -> None:
 
 
 def test_many_small_frames_in_one_chunk() -> None:
-    frames = [Heartbeat(i) for i in range(20_000)]
+    frames = [Heartbeat(i, 0, 0) for i in range(20_000)]
     stream = b"".join(FROM.pack(f) for f in frames)
     r = reader()
     out: list[FromRunner] = []
@@ -112,15 +112,17 @@ def test_too_large_is_detected_from_the_prefix_alone() -> None:
 def test_too_large_after_good_frames_in_the_same_chunk() -> None:
     r = reader()
     with pytest.raises(FrameTooLarge):
-        r.feed(FROM.pack(Heartbeat(1)) + (2**32 - 1).to_bytes(4, "big"))
+        r.feed(FROM.pack(Heartbeat(1, 0, 0)) + (2**32 - 1).to_bytes(4, "big"))
 
 
 def test_limit_is_inclusive() -> None:
-    codec: Codec[FromRunner] = Codec(FromRunner, max_frame_size=len(FROM.encode(Heartbeat(1))))
+    codec: Codec[FromRunner] = Codec(
+        FromRunner, max_frame_size=len(FROM.encode(Heartbeat(1, 0, 0)))
+    )
     r = FrameReader(codec)
-    assert r.feed(codec.pack(Heartbeat(1))) == [Heartbeat(1)]
+    assert r.feed(codec.pack(Heartbeat(1, 0, 0))) == [Heartbeat(1, 0, 0)]
     with pytest.raises(FrameTooLarge):
-        codec.pack(Heartbeat(1000))
+        codec.pack(Heartbeat(1000, 0, 0))
 
 
 def test_reader_is_poisoned_after_an_error() -> None:
@@ -130,7 +132,7 @@ def test_reader_is_poisoned_after_an_error() -> None:
         r.feed(len(bad_body).to_bytes(4, "big") + bad_body)
     assert r.error is first.value
     with pytest.raises(ReaderPoisoned) as again:
-        r.feed(FROM.pack(Heartbeat(1)))
+        r.feed(FROM.pack(Heartbeat(1, 0, 0)))
     assert again.value.original is first.value
     assert again.value.__cause__ is first.value
     with pytest.raises(ReaderPoisoned):
@@ -141,11 +143,11 @@ def test_reader_is_poisoned_after_an_error() -> None:
 
 def test_malformed_body_poisons_the_reader() -> None:
     r = reader()
-    body = FROM.encode(Heartbeat(1)) + b"\x00"  # prefix covers a trailing byte
+    body = FROM.encode(Heartbeat(1, 0, 0)) + b"\x00"  # prefix covers a trailing byte
     with pytest.raises(MalformedFrame):
         r.feed(len(body).to_bytes(4, "big") + body)
     with pytest.raises(ReaderPoisoned):
-        r.feed(FROM.pack(Heartbeat(1)))
+        r.feed(FROM.pack(Heartbeat(1, 0, 0)))
 
 
 def test_zero_length_frame_is_truncated() -> None:
@@ -154,7 +156,7 @@ def test_zero_length_frame_is_truncated() -> None:
 
 
 def test_eof_inside_a_frame_is_truncated() -> None:
-    packed = FROM.pack(Heartbeat(5))
+    packed = FROM.pack(Heartbeat(5, 0, 0))
     for cut in range(1, len(packed)):
         r = reader()
         assert r.feed(packed[:cut]) == []
@@ -166,7 +168,7 @@ def test_eof_inside_a_frame_is_truncated() -> None:
 
 def test_eof_between_frames_is_clean() -> None:
     r = reader()
-    assert r.feed(FROM.pack(Heartbeat(5))) == [Heartbeat(5)]
+    assert r.feed(FROM.pack(Heartbeat(5, 0, 0))) == [Heartbeat(5, 0, 0)]
     r.feed_eof()
     assert r.error is None
 
