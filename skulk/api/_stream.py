@@ -24,6 +24,8 @@ Request = ChatCompletionsRequest | CompletionsRequest
 
 #: Runner failure reasons caused by the request itself: 400 naming this field.
 _CLIENT_REASONS = {"prompt_too_long", "empty_prompt"}
+#: Runner deadlines that ended a request: 504, as for any deadline.
+_DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
 
 
 def unavailable_error(exc: ModelUnavailable) -> ApiError:
@@ -40,7 +42,10 @@ def failure_error(exc: RequestFailure, request: Request) -> ApiError:
     if exc.reason in _CLIENT_REASONS:
         param = "prompt" if isinstance(request, CompletionsRequest) else "messages"
         return ApiError.invalid(param, exc.message, code=exc.reason)
-    return ApiError.server_error(f"generation failed: {exc.message}", code=exc.reason)
+    message = f"generation failed: {exc.reason}: {exc.message}"
+    if exc.reason in _DEADLINE_REASONS:
+        return ApiError(504, message, type="timeout_error", code=exc.reason)
+    return ApiError.server_error(message, code=exc.reason)
 
 
 class Output:

@@ -101,9 +101,9 @@ def _ignores_sigterm(s: Session) -> None:
 def _crash_loop(s: Session) -> None:
     node = s.start_node(wait_ready=False)
     limit = int(s.flags["restart-limit"])
-    per_runner = s.setting("hello-timeout") + s.setting("load-timeout")
+    # Each of the limit + 1 runners crashes as soon as it starts loading.
     took = s.wait_until(
-        lambda: node.get("/health").field("state") == "failed", MARGIN * (limit + 1) + per_runner
+        lambda: node.get("/health").field("state") == "failed", MARGIN * (limit + 2)
     )
     health = node.get("/health")
     s.require(
@@ -122,7 +122,7 @@ def _crash_loop(s: Session) -> None:
         budget=s.budget(MARGIN),
         body=chat_body(8, stream=False),
     )
-    s.check("a chat request gets 503 at once", chat.status == 503, chat.describe())
+    s.check("a chat request gets 503, not a hang", chat.status == 503, chat.describe())
     models = node.get("/v1/models")
     s.check("the node still answers HTTP", models.status == 200, models.describe())
     node.recorder.poll()

@@ -140,3 +140,23 @@ def test_health_is_503_with_the_reason_while_not_ready(skulk_home: Path) -> None
         assert chat.json()["error"]["code"] == "model_not_ready"
     finally:
         srv.stop()
+
+
+def test_wedged_runner_gives_non_streamed_request_a_504_then_recovers(skulk_home: Path) -> None:
+    node = NodeProcess(
+        skulk_home,
+        "--runner-faults", "hang@decode:3#1",
+        "--progress-timeout", "1", "--shutdown-grace", "0.5", "--restart-backoff", "0.1",
+    )  # fmt: skip
+    with node:
+        body = {**LONG, "stream": False, "temperature": 0}
+        r = node.post("/v1/chat/completions", json=body)
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["code"] == "runner_wedged"
+        node.wait_ready(60)  # the second incarnation has no fault
+        assert node.runner()["incarnation"] == 2
+        ok = node.post("/v1/chat/completions", json={**body, "max_tokens": 3})
+        assert ok.status_code == 200
+        first = node.diagnostics()["runners"][0]
+        assert first["failure"]["reason"] == "runner_wedged"
+        assert any(e["kind"] == "deadline" for e in first["events"])
