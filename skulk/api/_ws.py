@@ -65,7 +65,7 @@ async def serve_websocket(service: ModelService) -> None:
             raw = await ws.receive()
             try:
                 message = json.loads(raw)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):
                 await error(None, _bad("message is not valid JSON text", None))
                 continue
             if not isinstance(message, dict):

@@ -238,27 +238,12 @@ class Runner:
         """Spawn, load, warm up, then serve until the process fails or we are cancelled."""
         parent_sock, child_sock = socket.socketpair()
         try:
-            proc = await trio.lowlevel.open_process(
-                [
-                    self.config.python,
-                    "-m",
-                    "skulk.runner",
-                    "--fd",
-                    str(child_sock.fileno()),
-                    "--parent-pid",
-                    str(os.getpid()),
-                    "--incarnation",
-                    str(self.incarnation),
-                    "--heartbeat-interval",
-                    str(self.config.heartbeat_interval),
-                ],
-                pass_fds=(child_sock.fileno(),),
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", FAULTS_ENV: self.config.faults},
-            )
+            proc = await self._spawn(child_sock)
+        except OSError as exc:
+            parent_sock.close()
+            failure = RunnerCrashed(f"could not start the runner process: {exc}")
+            self._fail(failure)
+            raise failure from exc
         finally:
             child_sock.close()
         self._pid = proc.pid
@@ -288,6 +273,29 @@ class Runner:
             await self._stop(proc)
 
     # ---- lifecycle ------------------------------------------------------------------------
+
+    async def _spawn(self, child_sock: socket.socket) -> trio.Process:
+        return await trio.lowlevel.open_process(
+            [
+                self.config.python,
+                "-m",
+                "skulk.runner",
+                "--fd",
+                str(child_sock.fileno()),
+                "--parent-pid",
+                str(os.getpid()),
+                "--incarnation",
+                str(self.incarnation),
+                "--heartbeat-interval",
+                str(self.config.heartbeat_interval),
+            ],
+            pass_fds=(child_sock.fileno(),),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", FAULTS_ENV: self.config.faults},
+        )
 
     def _transition(self, phase: Phase, detail: str = "") -> None:
         if phase == self.phase:

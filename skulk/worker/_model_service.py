@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from skulk.actors import CrashLoopBreaker, RestartPolicy, Trip
-from skulk.runner import Runner, RunnerConfig, RunnerCrashed, RunnerError, RunnerStatistics
+from skulk.runner import Runner, RunnerConfig, RunnerCrashed, RunnerError
 from skulk.wire.runner import (
     FinishReason,
     Prompt,
@@ -110,17 +110,9 @@ class ModelService:
     def status(self) -> ModelStatus:
         return self._status
 
-    def runner_statistics(self) -> RunnerStatistics | None:
-        """The current runner's statistics, or None while none is running."""
-        return self._runner.statistics() if self._runner is not None else None
-
     def recent_runners(self) -> tuple[Runner, ...]:
         """The last few runners, oldest first (the newest may be the current one)."""
         return tuple(self._recent)
-
-    @property
-    def runner_config(self) -> RunnerConfig:
-        return self._runner_config
 
     async def run(self) -> None:
         """Resolve the model, then keep a runner up until cancelled or failed for good."""

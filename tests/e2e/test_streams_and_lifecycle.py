@@ -71,6 +71,9 @@ async def test_websocket_bad_messages(server: NodeProcess) -> None:
             await ws.send_message("not json")
             msg = json.loads(await ws.get_message())
             assert msg["id"] is None and msg["type"] == "error"
+            await ws.send_message("[" * 100_000)  # too deep for the JSON parser
+            msg = json.loads(await ws.get_message())
+            assert msg["id"] is None and msg["type"] == "error"
             await ws.send_message(
                 json.dumps({"id": "x", "type": "chat.completions", "body": {"model": MODEL}})
             )

@@ -226,3 +226,12 @@ async def test_garbage_from_the_runner_is_a_protocol_error(tmp_path: Path) -> No
     runner = Runner("x", "/nowhere", attrs.evolve(FAST, python=str(fake)))
     failure = await fails_with(runner, ProtocolError)
     assert "bad frame" in failure.message
+
+
+async def test_a_runner_that_cannot_be_spawned_is_a_typed_failure(tmp_path: Path) -> None:
+    runner = Runner("x", "/nowhere", attrs.evolve(FAST, python=str(tmp_path / "no-python")))
+    with trio.fail_after(10), pytest.RaisesGroup(RunnerCrashed):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(runner.run)
+    assert runner.failure is not None and "could not start" in runner.failure.message
+    assert runner.phase == "failed" and runner.statistics().pid is None
