@@ -84,7 +84,8 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     "failed": frozenset(),
 }
 
-#: Events buffered per request before the runner's reader waits for that request's consumer.
+#: Chunks buffered per request; a consumer that falls this far behind is failed with
+#: ``client_too_slow`` (the runner's reader never waits for one consumer).
 REQUEST_BUFFER = 1024
 TAIL_LINES = 64
 
@@ -168,6 +169,7 @@ class Runner:
         self._cancel_deadlines: dict[str, float] = {}
         self._last_progress = 0.0
         self._watchdog: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._tokens_out = 0
         self._cancelled = 0
@@ -215,7 +217,8 @@ class Runner:
             raise RunnerCrashed(f"runner is {self.phase}")
         if request_id in self._requests or request_id in self._inflight:
             raise ValueError(f"request id {request_id!r} already active")
-        send, receive = trio.open_memory_channel[RequestEvent](REQUEST_BUFFER)
+        # One slot more than the chunks it may hold: room for a final client_too_slow.
+        send, receive = trio.open_memory_channel[RequestEvent](REQUEST_BUFFER + 1)
         self._requests[request_id] = send
         if not self._inflight:
             self._last_progress = trio.current_time()
@@ -259,6 +262,7 @@ class Runner:
                     frames = self._frames(self._stream)
                     await self._handshake(frames)
                     nursery.start_soon(self._watch)
+                    self._nursery = nursery
                     task_status.started()
                     await self._dispatch(frames)
             except BaseExceptionGroup as group:
@@ -379,7 +383,7 @@ class Runner:
         async for frame in frames:
             self._last_progress = trio.current_time()
             if isinstance(frame, (TokenChunk, Finished, RequestFailed)):
-                await self._deliver(frame)
+                self._deliver(frame)
             elif isinstance(frame, Heartbeat):
                 self._heartbeat(frame)
             elif isinstance(frame, RunnerFailed):
@@ -389,7 +393,7 @@ class Runner:
             self._rearm()
         raise RunnerCrashed("runner closed its socket", tail=self.output_tail)
 
-    async def _deliver(self, frame: RequestEvent) -> None:
+    def _deliver(self, frame: RequestEvent) -> None:
         rid = frame.request_id
         if rid not in self._inflight:
             return  # not ours (a duplicate or a late frame): ignore
@@ -413,14 +417,27 @@ class Runner:
         send = self._requests.get(rid)
         if send is None:
             return  # the consumer left; its Cancel is on the way
-        if not isinstance(frame, TokenChunk):
+        terminal = not isinstance(frame, TokenChunk)
+        if not terminal and send.statistics().current_buffer_used >= REQUEST_BUFFER:
+            # Never wait for one consumer: that would stall every request and the heartbeats.
+            # The slot kept free for this says why the request ends.
+            self.recorder.record("request.fail", "client_too_slow", rid)
+            frame, terminal = _too_slow(rid), True
+            if rid in self._inflight:
+                self._spawn_cancel(rid)
+        if terminal:
             del self._requests[rid]
         try:
-            await send.send(frame)
-        except trio.BrokenResourceError:
-            pass  # its consumer left
-        if not isinstance(frame, TokenChunk):
+            send.send_nowait(frame)
+        except (trio.BrokenResourceError, trio.WouldBlock):
+            pass  # its consumer left (a full channel here is impossible: one slot is kept)
+        if terminal:
             send.close()
+
+    def _spawn_cancel(self, request_id: str) -> None:
+        """Cancel from the dispatcher, which must not wait: a task in the run nursery sends it."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._cancel, request_id)
 
     async def _cancel(self, request_id: str) -> None:
         """Ask the runner to drop a request; it must acknowledge within ``cancel_timeout``."""
@@ -574,6 +591,14 @@ def _killpg(pgid: int, sig: signal.Signals, on_signal: Callable[[signal.Signals]
     except (ProcessLookupError, PermissionError):
         return
     on_signal(sig)
+
+
+def _too_slow(request_id: str) -> RequestFailed:
+    return RequestFailed(
+        request_id,
+        "client_too_slow",
+        f"the client fell {REQUEST_BUFFER} chunks behind the runner; the request was cancelled",
+    )
 
 
 async def _next(frames: AsyncIterator[FromRunner]) -> FromRunner:

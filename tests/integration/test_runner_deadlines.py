@@ -29,7 +29,7 @@ from skulk.runner import (
     RunnerWedged,
     WarmupTimeout,
 )
-from skulk.wire.runner import Finished, SamplingParams, TextPrompt, TokenChunk
+from skulk.wire.runner import Finished, RequestFailed, SamplingParams, TextPrompt, TokenChunk
 
 FAST = RunnerConfig(
     hello_timeout=20, load_timeout=30, warmup_timeout=20, progress_timeout=20, cancel_timeout=20,
@@ -235,3 +235,28 @@ async def test_a_runner_that_cannot_be_spawned_is_a_typed_failure(tmp_path: Path
             await nursery.start(runner.run)
     assert runner.failure is not None and "could not start" in runner.failure.message
     assert runner.phase == "failed" and runner.statistics().pid is None
+
+
+async def test_a_stalled_consumer_is_dropped_not_the_runner(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import skulk.runner._process as process
+
+    monkeypatch.setattr(process, "REQUEST_BUFFER", 8)
+    runner = make(model_dir, progress_timeout=2)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(runner.run)
+            async with runner.open_request("stalled", TextPrompt("hi"), LONG) as stalled:
+                # Never read "stalled" while another request runs to completion.
+                params = SamplingParams(temperature=0, max_tokens=40)
+                async with runner.open_request("other", TextPrompt("yo"), params) as other:
+                    other_events = [e async for e in other]
+                await until(lambda: runner.statistics().cancelled == 1)
+                events = [e async for e in stalled]
+            nursery.cancel_scope.cancel()
+    assert isinstance(other_events[-1], Finished)
+    assert other_events[-1].usage.completion_tokens == 40
+    assert len(events) == 9 and all(isinstance(e, TokenChunk) for e in events[:8])
+    assert isinstance(events[-1], RequestFailed) and events[-1].reason == "client_too_slow"
+    assert runner.failure is None  # the runner was never declared wedged
