@@ -4,30 +4,32 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-_BOOT_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
-_started = time.time()
+# Every process this test session starts (nodes, runners) inherits this marker, so the leak
+# check below finds exactly ours, whatever else runs on the machine.
+_MARKER = f"SKULK_TEST_SESSION={uuid.uuid4().hex}".encode()
+os.environ["SKULK_TEST_SESSION"] = _MARKER.split(b"=", 1)[1].decode()
 
 
-def _runner_processes_started_since(since: float) -> list[str]:
-    """``pid cmdline`` of live ``python -m skulk.runner`` processes started after ``since``."""
-    boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+def _our_runner_processes() -> list[str]:
+    """``pid cmdline`` of live ``python -m skulk.runner`` processes this session started."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if "-m skulk.runner" not in cmdline:
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "-m skulk.runner" not in cmdline or stat[0] == "Z":
-            continue
-        started = boot + int(stat[19]) / _BOOT_TICKS_PER_SECOND
-        if started >= since - 1:
+        if state != "Z" and _MARKER in environ:
             found.append(f"{proc.name} {cmdline}")
     return found
 
@@ -37,7 +39,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not Path("/proc").is_dir():
         return
     deadline = time.monotonic() + 5
-    while (left := _runner_processes_started_since(_started)) and time.monotonic() < deadline:
+    while (left := _our_runner_processes()) and time.monotonic() < deadline:
         time.sleep(0.1)
     if left:
         print("\nrunner processes left behind by the suite:\n  " + "\n  ".join(left))

@@ -8,6 +8,7 @@ cleanly and no runner process outlives them.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from skulk.harness import pid_alive
@@ -22,8 +23,11 @@ from skulk.repro._steps import (
     stream_broken_by_fault,
 )
 
-#: How long a runner may outlive its SIGKILLed node (parent-death signal, pid watchdog).
+#: How long a runner may outlive its SIGKILLed node (its parent-pid watchdog).
 ORPHAN_EXIT_LIMIT = 10.0
+#: A gap between tokens this long means the hang fault has struck (greedy decoding of the
+#: demo model takes milliseconds per token).
+STALL_S = 1.0
 
 
 def _silent_at_start(s: Session) -> None:
@@ -55,7 +59,7 @@ def _wedged_mid_decode(s: Session) -> None:
         node,
         1,
         "runner_wedged",
-        events=("request.start", "request.first_token", "deadline", "exit"),
+        events=("request.start", "request.first_token", "deadline", "request.fail", "exit"),
     )
     expect_recovery(s, node, after=1)
 
@@ -68,7 +72,7 @@ def _crash_mid_stream(s: Session) -> None:
         node,
         1,
         "runner_crashed",
-        events=("request.start", "request.first_token", "exit"),
+        events=("request.start", "request.first_token", "request.fail", "exit"),
     )
     s.check(
         "runner #1 exited with the crash fault's code 13",
@@ -158,15 +162,36 @@ def _parent_killed(s: Session) -> None:
         f"pid {pid}",
     )
     assert pid is not None
+    last_token: list[float] = []
     killed_at: list[float] = []
+    give_up = time.monotonic() + s.budget(MARGIN * 3)
+    stream_over = threading.Event()
 
-    def kill_node(tokens: int) -> None:
-        if tokens == 3 and not killed_at:
-            node.kill()
-            killed_at.append(time.monotonic())
+    def kill_when_wedged() -> None:
+        # Tokens stopped: the runner is stuck in its decode step. Kill the node now, well
+        # before its progress deadline would notice, so only the runner's own parent-pid
+        # watchdog can end it.
+        while not stream_over.wait(0.05) and time.monotonic() < give_up:
+            if last_token and time.monotonic() - last_token[-1] >= STALL_S:
+                node.kill()
+                killed_at.append(time.monotonic())
+                return
 
-    out = stream_chat(node.url, max_tokens=1500, budget=s.budget(MARGIN * 3), on_token=kill_node)
-    s.require("the node was SIGKILLed mid-stream", bool(killed_at), out.describe())
+    killer = threading.Thread(target=kill_when_wedged, daemon=True)
+    killer.start()
+    out = stream_chat(
+        node.url,
+        max_tokens=1500,
+        budget=s.budget(MARGIN * 3),
+        on_token=lambda _: last_token.append(time.monotonic()),
+    )
+    stream_over.set()
+    killer.join(1.0)
+    s.require(
+        f"the node was SIGKILLed once the stream stalled for {STALL_S:g}s",
+        bool(killed_at),
+        out.describe(),
+    )
     after = out.ended - killed_at[0]
     s.check(
         "the client saw the stream end at once",
@@ -225,11 +250,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "parent-killed",
         "the node is SIGKILLed while its runner is wedged mid-stream: the runner exits on its "
-        "own (parent-death signal, pid watchdog) and a new node serves",
+        "own (its parent-pid watchdog) and a new node serves",
         _parent_killed,
-        # Wedged, the runner cannot notice the closed socket: only the parent-death
-        # mechanisms can end it.
+        # Wedged, the runner cannot notice the closed socket: only its parent-pid watchdog
+        # can end it. The node is killed before its progress deadline fires.
         faults="hang@decode:3#1",
+        flags={"progress-timeout": "20"},
     ),
 )
 

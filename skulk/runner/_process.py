@@ -552,6 +552,9 @@ class Runner:
         if self.phase != "failed":
             self._transition("stopping")
         with trio.move_on_after(2 * self.config.shutdown_grace + 1, shield=True):
+            why = self.failure.reason if self.failure else "runner_stopped"
+            for rid in self._inflight:
+                self.recorder.record("request.fail", why, rid)
             for send in self._requests.values():
                 send.close()
             self._requests.clear()
