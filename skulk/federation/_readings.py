@@ -1,0 +1,141 @@
+"""Sampling this node's :class:`~skulk.wire.telemetry.NodeReadings` (stdlib and mlx only).
+
+The I/O edge of the telemetry plane: it reads ``/proc/meminfo``, ``os.sysconf``, the load
+average and the clock. Reading is cheap (a few small reads, well under a millisecond) except the
+first call, which imports ``mlx.core`` to read its version and backends (cached for the life of
+the process: neither changes while it runs), so call it once at start-up, off the event loop if
+the import is slow there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Iterable
+
+from skulk.wire.telemetry import NodeReadings
+
+_MEMINFO = "/proc/meminfo"
+
+
+def sample_readings(
+    node_id: str,
+    listen_addresses: Iterable[str],
+    api_address: str,
+    *,
+    sampled_at: float | None = None,
+) -> NodeReadings:
+    """This node's readings now. ``sampled_at`` defaults to ``time.time()``.
+
+    Memory comes from ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) on Linux, else from
+    ``os.sysconf`` (physical pages; available pages where the platform has them, otherwise the
+    total is reported as available: macOS has no portable stdlib reading of reclaimable memory).
+    A reading that fails is 0 (``load_1m`` 0.0 where there is no load average), never an
+    exception: a telemetry sample must not take the node down.
+    """
+    total, available = _memory()
+    mlx_version, backends = _mlx_info()
+    return NodeReadings(
+        node_id=node_id,
+        hostname=_hostname(),
+        platform=f"{sys.platform}-{platform.machine() or 'unknown'}",
+        memory_total_bytes=total,
+        memory_available_bytes=available,
+        mlx_version=mlx_version,
+        mlx_backends=backends,
+        cpu_count=os.cpu_count() or 1,
+        load_1m=_load_1m(),
+        listen_addresses=tuple(listen_addresses),
+        api_address=api_address,
+        sampled_at=time.time() if sampled_at is None else sampled_at,
+    )
+
+
+def _hostname() -> str:
+    try:
+        return socket.gethostname()
+    except OSError:
+        return ""
+
+
+def _load_1m() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return 0.0
+
+
+def _memory() -> tuple[int, int]:
+    """``(total, available)`` bytes."""
+    meminfo = _read_meminfo(_MEMINFO)
+    if meminfo is not None:
+        return meminfo
+    total = _sysconf_bytes("SC_PHYS_PAGES")
+    available = _sysconf_bytes("SC_AVPHYS_PAGES") if total else 0
+    return total, (available or total)
+
+
+def _read_meminfo(path: str) -> tuple[int, int] | None:
+    """``(MemTotal, MemAvailable)`` in bytes from a meminfo file, or ``None`` if unreadable."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read(65536)
+    except OSError:
+        return None
+    return parse_meminfo(text)
+
+
+def parse_meminfo(text: str) -> tuple[int, int] | None:
+    """``(MemTotal, MemAvailable)`` in bytes from ``/proc/meminfo`` text; ``MemFree`` stands in
+    for ``MemAvailable`` on kernels older than 3.14. ``None`` without ``MemTotal``."""
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            scale = 1024 if parts[1:2] == ["kB"] else 1
+            fields[name.strip()] = int(parts[0]) * scale
+    total = fields.get("MemTotal")
+    if not total:
+        return None
+    available = fields.get("MemAvailable", fields.get("MemFree", 0))
+    return total, min(available, total)
+
+
+def _sysconf_bytes(name: str) -> int:
+    try:
+        pages = os.sysconf(name)
+        page_size = os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+    return max(pages, 0) * max(page_size, 0)
+
+
+@functools.cache
+def _mlx_info() -> tuple[str, tuple[str, ...]]:
+    """``(mlx version, usable backends)``; ``("", ())`` without mlx."""
+    try:
+        mx = importlib.import_module("mlx.core")
+    except Exception:  # a broken install must not stop telemetry
+        return "", ()
+    version = str(getattr(mx, "__version__", ""))
+    backends = ["cpu"]
+    for name in ("metal", "cuda"):
+        if _backend_available(mx, name):
+            backends.append(name)
+    return version, tuple(backends)
+
+
+def _backend_available(mx: object, name: str) -> bool:
+    is_available = getattr(getattr(mx, name, None), "is_available", None)
+    if not callable(is_available):
+        return False
+    try:
+        return bool(is_available())
+    except Exception:
+        return False

@@ -1,0 +1,104 @@
+"""Frames of the telemetry plane: node readings, gossiped last-writer-wins between nodes.
+
+Telemetry is never in the Raft log: it is soft state, refreshed all the time. Each node samples
+its own :class:`NodeReadings` and publishes them as a :class:`TelemetryEntry` stamped with a version
+``(epoch, seq)``: ``epoch`` goes up by one every time the node starts (it is persisted in the
+data dir), ``seq`` counts the node's publications within an epoch. Per node id the entry with
+the greatest version wins, so a restarted node (new epoch, ``seq`` from 1 again) wins over any
+entry of its previous life. ``NodeReadings.sampled_at`` is the sender's wall clock, shown to
+operators only; it never orders anything.
+
+Anti-entropy, on the ``telemetry`` topic of a federation link (push/pull by digest):
+
+1. Every gossip interval a node sends each peer a :class:`TelemetryDigest`: the version of every
+   entry it holds (``versions``), plus the versions it dropped on expiry and still remembers
+   (``forgotten``, so the peer does not send them back).
+2. The peer answers with a :class:`TelemetryPush` holding every entry it has that is newer than
+   what the digest names for that node, or whose node the digest does not name at all (possibly
+   no entries). If the digest names versions newer than the peer's own, the peer may send its
+   own digest straight back rather than wait for its next interval.
+3. A node may also send a :class:`TelemetryPush` unasked (its own fresh entry, say); receivers
+   treat every push the same way.
+
+Versions compare as ``(epoch, seq, fingerprint)``: ``fingerprint`` is the first 16 bytes of the
+BLAKE2b hash of the canonical CBOR encoding of the entry's readings, computed by each receiver
+(never taken from the sender's word) and carried in digests only. It makes two different readings
+published under the same ``(epoch, seq)`` (a node id reused by two processes, a restored data
+dir) merge the same way on every node. The pure merge logic lives in
+:mod:`skulk.federation._telemetry`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class NodeReadings:
+    """One sample of a node's state, taken by that node.
+
+    ``platform`` is informational (``"linux-x86_64"``, ``"darwin-arm64"``). ``mlx_backends``
+    lists the mlx backends usable on the node (``"cpu"`` always, ``"metal"`` / ``"cuda"`` when
+    available); ``mlx_version`` is ``""`` when mlx is not importable. ``load_1m`` is the
+    one-minute load average (0.0 where the platform has none). ``listen_addresses`` are the
+    federation endpoints (``"ws://host:port"``), ``api_address`` the HTTP API's
+    (``"http://host:port"``). ``sampled_at`` is the node's wall clock (seconds since the Unix
+    epoch) when sampled: for display only, never for ordering.
+    """
+
+    node_id: str
+    hostname: str
+    platform: str
+    memory_total_bytes: int
+    memory_available_bytes: int
+    mlx_version: str
+    mlx_backends: tuple[str, ...]
+    cpu_count: int
+    load_1m: float
+    listen_addresses: tuple[str, ...]
+    api_address: str
+    sampled_at: float
+
+
+@attrs.frozen
+class TelemetryEntry:
+    """``readings`` of node ``node_id`` as published at version ``(epoch, seq)``.
+
+    ``node_id`` must equal ``readings.node_id`` (receivers refuse the entry otherwise);
+    ``epoch`` and ``seq`` are ``>= 0``.
+    """
+
+    node_id: str
+    epoch: int
+    seq: int
+    readings: NodeReadings
+
+
+@attrs.frozen
+class TelemetryVersion:
+    """The version of one node's entry: what a digest says its sender holds (or forgot)."""
+
+    node_id: str
+    epoch: int
+    seq: int
+    fingerprint: bytes
+
+
+@attrs.frozen
+class TelemetryDigest:
+    """The sender's versions: ``versions`` of the entries it holds, ``forgotten`` of entries it
+    dropped on expiry and will refuse if they come back. The receiver answers with a
+    :class:`TelemetryPush` of what the sender lacks."""
+
+    versions: tuple[TelemetryVersion, ...]
+    forgotten: tuple[TelemetryVersion, ...]
+
+
+@attrs.frozen
+class TelemetryPush:
+    """Entries for the receiver to merge (an answer to a digest, or unasked)."""
+
+    entries: tuple[TelemetryEntry, ...]
+
+
+TelemetryFrame = TelemetryDigest | TelemetryPush
