@@ -148,7 +148,9 @@ class SupervisorMachine(RuleBasedStateMachine):
         for run_for, _ in self.script:
             starts.append(t)
             t += run_for
-            decision = breaker.record_crash(t, uptime=run_for)
+            # Uptime as the supervisor measures it, a clock difference: (t0 + d) - t0 need not
+            # equal d in floating point, which matters when d sits exactly on reset_after.
+            decision = breaker.record_crash(t, uptime=t - starts[-1])
             if isinstance(decision, Trip):
                 return starts, (decision.crashes, decision.window, t)
             t += decision.delay
@@ -194,3 +196,19 @@ SupervisorMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None
 )
 test_supervisor_stateful = SupervisorMachine.TestCase
+
+
+def test_uptime_exactly_at_reset_after_follows_the_clock() -> None:
+    """Regression (found by this machine in CI): an incarnation that ran exactly
+    ``reset_after`` seconds by the mock clock, where (t0 + d) - t0 < d in floating point."""
+    machine = SupervisorMachine()
+    machine.setup(
+        policy=RestartPolicy(
+            initial_backoff=1.0, max_backoff=2.0, multiplier=2.0, jitter=0.0, max_restarts=1,
+            window=1.05, reset_after=None,
+        ),
+        seed=0,
+    )  # fmt: skip
+    machine.add_incarnation(raises=False, run_for=0.0)
+    machine.add_incarnation(raises=False, run_for=1.05)
+    machine.supervisor_follows_the_breaker()
