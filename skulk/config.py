@@ -14,8 +14,13 @@ from pathlib import Path
 
 import attrs
 
+from skulk.actors import RestartPolicy
+from skulk.runner import RunnerConfig
+from skulk.worker import RUNNER_RESTARTS
+
 DEFAULT_PORT = 52415
 DEFAULT_MODEL = "skulk-demo"
+_RUNNER = RunnerConfig()
 
 
 def default_home(env: Mapping[str, str]) -> Path:
@@ -34,20 +39,41 @@ class ServeConfig:
     model: str = DEFAULT_MODEL
     log_level: str = "info"
     stream_interval: float = 0.02
-    # runner deadlines (seconds)
-    hello_timeout: float = 30.0
-    load_timeout: float = 600.0
-    warmup_timeout: float = 60.0
-    progress_timeout: float = 30.0
-    cancel_timeout: float = 5.0
-    shutdown_grace: float = 5.0
-    heartbeat_interval: float = 1.0
-    # runner relaunches
-    restart_backoff: float = 0.5
-    restart_limit: int = 5
-    restart_window: float = 300.0
+    # runner deadlines (seconds); the defaults are the runner's own
+    hello_timeout: float = _RUNNER.hello_timeout
+    load_timeout: float = _RUNNER.load_timeout
+    warmup_timeout: float = _RUNNER.warmup_timeout
+    progress_timeout: float = _RUNNER.progress_timeout
+    cancel_timeout: float = _RUNNER.cancel_timeout
+    shutdown_grace: float = _RUNNER.shutdown_grace
+    heartbeat_interval: float = _RUNNER.heartbeat_interval
+    # runner relaunches; the defaults are the model service's own
+    restart_backoff: float = RUNNER_RESTARTS.initial_backoff
+    restart_limit: int = RUNNER_RESTARTS.max_restarts
+    restart_window: float = RUNNER_RESTARTS.window
     # fault hooks for tests and repro scripts (see skulk.runner.faults)
     runner_faults: str = ""
+
+    def restart_policy(self) -> RestartPolicy:
+        return attrs.evolve(
+            RUNNER_RESTARTS,
+            initial_backoff=self.restart_backoff,
+            max_backoff=max(RUNNER_RESTARTS.max_backoff, self.restart_backoff),
+            max_restarts=self.restart_limit,
+            window=self.restart_window,
+        )
+
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(
+            hello_timeout=self.hello_timeout,
+            load_timeout=self.load_timeout,
+            warmup_timeout=self.warmup_timeout,
+            progress_timeout=self.progress_timeout,
+            cancel_timeout=self.cancel_timeout,
+            shutdown_grace=self.shutdown_grace,
+            heartbeat_interval=self.heartbeat_interval,
+            faults=self.runner_faults,
+        )
 
 
 def _seconds(value: object) -> str | None:

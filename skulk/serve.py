@@ -21,11 +21,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from skulk.actors import RestartPolicy
 from skulk.api import create_app
 from skulk.config import ServeConfig
 from skulk.models import resolve_model
-from skulk.runner import RunnerConfig
 from skulk.worker import ModelService
 
 log = logging.getLogger("skulk")
@@ -45,22 +43,8 @@ async def serve(
     service = ModelService(
         model_id,
         resolve,
-        RunnerConfig(
-            hello_timeout=config.hello_timeout,
-            load_timeout=config.load_timeout,
-            warmup_timeout=config.warmup_timeout,
-            progress_timeout=config.progress_timeout,
-            cancel_timeout=config.cancel_timeout,
-            shutdown_grace=config.shutdown_grace,
-            heartbeat_interval=config.heartbeat_interval,
-            faults=config.runner_faults,
-        ),
-        policy=RestartPolicy(
-            initial_backoff=config.restart_backoff,
-            max_backoff=max(30.0, config.restart_backoff),
-            max_restarts=config.restart_limit,
-            window=config.restart_window,
-        ),
+        config.runner_config(),
+        policy=config.restart_policy(),
         stream_interval=config.stream_interval,
     )
     app = create_app(service)
