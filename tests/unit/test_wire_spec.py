@@ -585,7 +585,14 @@ def _mutations(value: Any) -> Iterator[Any]:
 
 @pytest.mark.parametrize(
     "root",
-    ["ToRunner", "FromRunner", "HandshakeFromClient", "HandshakeFromServer", "TelemetryFrame"],
+    [
+        "ToRunner",
+        "FromRunner",
+        "HandshakeFromClient",
+        "HandshakeFromServer",
+        "TelemetryFrame",
+        "LinkFrame",
+    ],
 )
 def test_codec_and_spec_accept_the_same_frames(spec_text: str, root: str) -> None:
     """Every sample frame's encoding is valid per the spec, and for every one-change mutant of
