@@ -28,6 +28,16 @@ Trio stream), with the handshake, heartbeats and the raft / rpc / data / telemet
     reply = await link.call("method", b"body", timeout=5.0)
 
 See :mod:`skulk.federation._link` for the contract and :mod:`skulk.wire.link` for the frames.
+
+The mesh: a listener and dialers keeping one authenticated link per node pair::
+
+    from skulk.federation import Mesh, LinkView, LinkUp, LinkDown
+
+    mesh = Mesh(node_id, secret, listen=("127.0.0.1", 0), join=["ws://10.0.0.2:52416"])
+    host, port = await nursery.start(mesh.run)
+    mesh.links_json()  # the body of GET /v1/cluster/links
+
+See :mod:`skulk.federation._mesh` for the listener, dialers, reconnects and the tie-break.
 """
 
 from ._datastream import DataReceiver, DataSender
@@ -55,6 +65,20 @@ from ._machine import (
     Refused,
     Waiting,
     valid_node_id,
+)
+from ._mesh import DEFAULT_RECONNECT, Mesh
+from ._meshview import (
+    DEFAULT_LISTEN,
+    LinkDown,
+    LinkUp,
+    LinkView,
+    MeshAddressError,
+    MeshEvent,
+    MeshStatistics,
+    PeerState,
+    links_json,
+    parse_join_url,
+    parse_listen_address,
 )
 from ._readings import sample_readings
 from ._refusal import Refusal, RefusalReason, refusal_from_close
@@ -95,6 +119,8 @@ from ._transport import (
 )
 
 __all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_RECONNECT",
     "ENV_VAR",
     "EPOCH_FILE_NAME",
     "MAX_NODE_ID_LENGTH",
@@ -113,12 +139,20 @@ __all__ = [
     "LinkCloseReason",
     "LinkClosed",
     "LinkConfig",
+    "LinkDown",
     "LinkError",
     "LinkState",
     "LinkStatistics",
+    "LinkUp",
+    "LinkView",
     "LoadedSecret",
+    "Mesh",
+    "MeshAddressError",
+    "MeshEvent",
+    "MeshStatistics",
     "MessageTooLarge",
     "MessageTransport",
+    "PeerState",
     "PeerUnreachable",
     "Refusal",
     "RefusalReason",
@@ -146,10 +180,13 @@ __all__ = [
     "Waiting",
     "WebSocketTransport",
     "join_instructions",
+    "links_json",
     "load_or_create_secret",
     "memory_transport_pair",
     "next_epoch",
     "open_link",
+    "parse_join_url",
+    "parse_listen_address",
     "refusal_from_close",
     "run_link",
     "sample_readings",
