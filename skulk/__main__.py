@@ -47,10 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     import trio
 
-    from skulk.serve import serve
+    from skulk.identity import IdentityError
+    from skulk.serve import StartupError, serve
 
-    trio.run(serve, config)
-    return 0
+    problems: list[BaseException] = []
+    try:
+        trio.run(serve, config)
+    except* (StartupError, IdentityError) as group:
+        problems.extend(group.exceptions)
+    for problem in problems:
+        print(f"skulk: cannot start: {problem}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 if __name__ == "__main__":

@@ -53,6 +53,10 @@ class ServeConfig:
     restart_window: float = RUNNER_RESTARTS.window
     # fault hooks for tests and repro scripts (see skulk.runner.faults)
     runner_faults: str = ""
+    # federation
+    listen: str = "127.0.0.1:52416"
+    join: tuple[str, ...] = ()
+    cluster_secret_file: Path | None = None
 
     def restart_policy(self) -> RestartPolicy:
         return attrs.evolve(
@@ -110,12 +114,35 @@ def _faults(value: object) -> str | None:
     return None
 
 
+def _listen(value: object) -> str | None:
+    from skulk.federation import MeshAddressError, parse_listen_address
+
+    try:
+        parse_listen_address(str(value))
+    except MeshAddressError as exc:
+        return str(exc)
+    return None
+
+
+def _join(value: object) -> str | None:
+    from skulk.federation import MeshAddressError, parse_join_url
+
+    try:
+        parse_join_url(str(value))
+    except MeshAddressError as exc:
+        return str(exc)
+    return None
+
+
 @attrs.frozen
 class Option:
+    """One setting. ``multiple``: the flag repeats and the variable is comma-separated."""
+
     name: str
     kind: type
     help: str
     check: Callable[[object], str | None] | None = None
+    multiple: bool = False
 
     @property
     def flag(self) -> str:
@@ -153,6 +180,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("restart_window", float, "the window of --restart-limit, in seconds", _positive),
     Option("runner_faults", str, "fault hooks for tests and repro scripts; never in production",
            _faults),
+    Option("listen", str, "HOST:PORT where this node accepts other nodes (port 0: any)",
+           _listen),
+    Option("join", str, "ws://HOST:PORT of a node of the cluster to join (repeatable)", _join,
+           multiple=True),
+    Option("cluster_secret_file", Path,
+           "file holding the cluster secret (else $SKULK_CLUSTER_SECRET, else one generated in "
+           "the data dir)"),
 )  # fmt: skip
 
 
@@ -160,8 +194,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServeConfig(home=Path("~/.local/share/skulk"))
     for opt in OPTIONS:
         default = getattr(defaults, opt.name)
-        shown = f"default {default}" if default != "" else "default none"
-        parser.add_argument(opt.flag, dest=opt.name, help=f"{opt.help} ({shown}) [{opt.env}]")
+        shown = f"default {default}" if default not in ("", (), None) else "default none"
+        parser.add_argument(
+            opt.flag,
+            dest=opt.name,
+            action="append" if opt.multiple else "store",
+            help=f"{opt.help} ({shown}) [{opt.env}]",
+        )
 
 
 def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
@@ -171,14 +210,21 @@ def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfi
         raw, source = getattr(args, opt.name, None), opt.flag
         if raw is None:
             raw, source = env.get(opt.env), opt.env
+            if raw is not None and opt.multiple:
+                raw = [part for part in raw.split(",") if part.strip()]
         if raw is None:
             continue
-        try:
-            value = opt.kind(raw)
-        except ValueError:
-            raise ValueError(f"{source}: expected {opt.kind.__name__}, got {raw!r}") from None
-        if opt.check is not None and (problem := opt.check(value)) is not None:
-            raise ValueError(f"{source}: expected {problem}, got {raw!r}")
-        values[opt.name] = value.expanduser() if isinstance(value, Path) else value
+        parsed = tuple(_value(opt, item, source) for item in raw) if opt.multiple else None
+        values[opt.name] = parsed if parsed is not None else _value(opt, raw, source)
     values.setdefault("home", default_home(env))
     return ServeConfig(**values)  # type: ignore[arg-type]
+
+
+def _value(opt: Option, raw: object, source: str) -> object:
+    try:
+        value = opt.kind(raw)
+    except ValueError:
+        raise ValueError(f"{source}: expected {opt.kind.__name__}, got {raw!r}") from None
+    if opt.check is not None and (problem := opt.check(value)) is not None:
+        raise ValueError(f"{source}: expected {problem}, got {raw!r}")
+    return value.expanduser() if isinstance(value, Path) else value

@@ -2,6 +2,7 @@
 
     root nursery
     ├── signal watcher   SIGINT/SIGTERM → graceful shutdown
+    ├── Mesh             federation: listener, dialers, one authenticated link per peer
     ├── ModelService     resolves the model, keeps its runner up
     └── Hypercorn        the Quart-Trio API (trio worker)
 
@@ -12,6 +13,7 @@ everything; the model service's cancellation terminates and reaps the runner's p
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -23,10 +25,24 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from skulk.api import create_app
 from skulk.config import ServeConfig
+from skulk.federation import (
+    Mesh,
+    SecretError,
+    SecretSource,
+    join_instructions,
+    load_or_create_secret,
+    parse_listen_address,
+)
+from skulk.identity import load_or_create_node_id
 from skulk.models import resolve_model
 from skulk.worker import ModelService
 
 log = logging.getLogger("skulk")
+
+
+class StartupError(Exception):
+    """The node cannot start (bad secret, address in use): printed without a traceback."""
+
 
 GRACEFUL_TIMEOUT = 3.0
 
@@ -47,7 +63,15 @@ async def serve(
         policy=config.restart_policy(),
         stream_interval=config.stream_interval,
     )
-    app = create_app(service)
+    node_id = load_or_create_node_id(config.home)
+    try:
+        secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
+    except SecretError as exc:
+        raise StartupError(str(exc)) from None
+    mesh = Mesh(
+        node_id, secret.secret, listen=parse_listen_address(config.listen), join=config.join
+    )
+    app = create_app(service, mesh)
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
     hc.graceful_timeout = GRACEFUL_TIMEOUT
@@ -70,6 +94,18 @@ async def serve(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
+        try:
+            host, port = await nursery.start(mesh.run)
+        except OSError as exc:
+            raise StartupError(f"cannot listen for nodes on {config.listen}: {exc}") from None
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        print(
+            f"skulk: node {node_id} of cluster {secret.cluster_id} ({secret.describe()}); "
+            f"federation listening on ws://{listen}",
+            flush=True,
+        )
+        if secret.source is SecretSource.GENERATED:
+            print(join_instructions(secret.path, listen, cluster_id=secret.cluster_id), flush=True)
         nursery.start_soon(service.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"

@@ -20,14 +20,15 @@ from skulk.api._openai import (
 )
 from skulk.api._stream import Request, complete, stream_chunks, unavailable_error
 from skulk.api._ws import serve_websocket
+from skulk.federation import Mesh
 from skulk.runner import Runner
 from skulk.worker import ModelService, ModelUnavailable
 
 log = logging.getLogger("skulk.api")
 
 
-def create_app(service: ModelService) -> QuartTrio:
-    """The HTTP API for a node serving ``service``'s model."""
+def create_app(service: ModelService, cluster: Mesh | None = None) -> QuartTrio:
+    """The HTTP API for a node serving ``service``'s model, in ``cluster``'s mesh."""
     app = QuartTrio("skulk")
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
 
@@ -74,6 +75,10 @@ def create_app(service: ModelService) -> QuartTrio:
             },
             200,
         )
+
+    @app.get("/v1/cluster/links")
+    async def cluster_links() -> Response:
+        return _json(cluster.links_json() if cluster is not None else {"links": []}, 200)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -24,6 +24,7 @@ import httpx
 
 START_DEADLINE = 120.0
 _LISTENING = re.compile(r"API listening on (http://\S+)")
+_FEDERATION = re.compile(r"skulk: node (\S+) of cluster .* federation listening on (ws://\S+)")
 
 
 class NodeProcess:
@@ -35,22 +36,17 @@ class NodeProcess:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
+        self.ws_url = ""  # where other nodes --join this one
+        self.node_id = ""
         self.output: deque[str] = deque(maxlen=400)
         self._url_seen = threading.Event()
 
     def start(self, *, wait_ready: bool = True) -> NodeProcess:
         """Start the node; raises ``AssertionError`` with its output if it does not come up."""
-        cmd = [
-            sys.executable,
-            "-m",
-            "skulk",
-            "serve",
-            "--port",
-            "0",
-            "--home",
-            str(self.home),
-            *self.extra,
-        ]
+        # Ephemeral ports for the API and, unless the caller picks one, for the federation.
+        listen = () if "--listen" in self.extra else ("--listen", "127.0.0.1:0")
+        cmd = [sys.executable, "-m", "skulk", "serve", "--port", "0", "--home", str(self.home),
+               *listen, *self.extra]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -71,6 +67,8 @@ class NodeProcess:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.output.append(line.rstrip())
+            if not self.ws_url and (m := _FEDERATION.search(line)):
+                self.node_id, self.ws_url = m.group(1), m.group(2)
             if not self._url_seen.is_set() and (m := _LISTENING.search(line)):
                 self.url = m.group(1)
                 self._url_seen.set()
