@@ -3,6 +3,7 @@
     root nursery
     ├── signal watcher   SIGINT/SIGTERM → graceful shutdown
     ├── Mesh             federation: listener, dialers, one authenticated link per peer
+    ├── TelemetryGossip  this node's readings, last-writer-wins gossip over the mesh
     ├── ModelService     resolves the model, keeps its runner up
     └── Hypercorn        the Quart-Trio API (trio worker)
 
@@ -29,9 +30,13 @@ from skulk.federation import (
     Mesh,
     SecretError,
     SecretSource,
+    TelemetryGossip,
+    TelemetryStore,
     join_instructions,
     load_or_create_secret,
+    next_epoch,
     parse_listen_address,
+    sample_readings,
 )
 from skulk.identity import load_or_create_node_id
 from skulk.models import resolve_model
@@ -71,7 +76,13 @@ async def serve(
     mesh = Mesh(
         node_id, secret.secret, listen=parse_listen_address(config.listen), join=config.join
     )
-    app = create_app(service, mesh)
+    addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
+    gossip = TelemetryGossip(
+        mesh,
+        TelemetryStore(node_id, next_epoch(config.home)),
+        lambda: sample_readings(node_id, (addresses["listen"],), addresses["api"]),
+    )
+    app = create_app(service, mesh, gossip)
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
     hc.graceful_timeout = GRACEFUL_TIMEOUT
@@ -109,6 +120,8 @@ async def serve(
         nursery.start_soon(service.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"
+        addresses.update(listen=f"ws://{listen}", api=url)
+        await nursery.start(gossip.run)
         print(f"skulk: API listening on {url} (model {model_id})", flush=True)
         task_status.started(url)
         await shutdown.wait()

@@ -20,14 +20,16 @@ from skulk.api._openai import (
 )
 from skulk.api._stream import Request, complete, stream_chunks, unavailable_error
 from skulk.api._ws import serve_websocket
-from skulk.federation import Mesh
+from skulk.federation import Mesh, TelemetryGossip
 from skulk.runner import Runner
 from skulk.worker import ModelService, ModelUnavailable
 
 log = logging.getLogger("skulk.api")
 
 
-def create_app(service: ModelService, cluster: Mesh | None = None) -> QuartTrio:
+def create_app(
+    service: ModelService, cluster: Mesh | None = None, gossip: TelemetryGossip | None = None
+) -> QuartTrio:
     """The HTTP API for a node serving ``service``'s model, in ``cluster``'s mesh."""
     app = QuartTrio("skulk")
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
@@ -79,6 +81,10 @@ def create_app(service: ModelService, cluster: Mesh | None = None) -> QuartTrio:
     @app.get("/v1/cluster/links")
     async def cluster_links() -> Response:
         return _json(cluster.links_json() if cluster is not None else {"links": []}, 200)
+
+    @app.get("/v1/cluster/nodes")
+    async def cluster_nodes() -> Response:
+        return _json(gossip.nodes_json() if gossip is not None else {"nodes": []}, 200)
 
     @app.get("/v1/models")
     async def models() -> Response:

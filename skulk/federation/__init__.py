@@ -38,9 +38,21 @@ The mesh: a listener and dialers keeping one authenticated link per node pair::
     mesh.links_json()  # the body of GET /v1/cluster/links
 
 See :mod:`skulk.federation._mesh` for the listener, dialers, reconnects and the tie-break.
+
+The telemetry gossip driver: a :class:`TelemetryStore` kept in sync over a mesh's links (it is
+the single consumer of ``mesh.events``)::
+
+    from skulk.federation import TelemetryGossip, GossipStatistics
+
+    gossip = TelemetryGossip(mesh, store, lambda: sample_readings(node_id, listen, api))
+    await nursery.start(gossip.run)
+    gossip.nodes_json()  # the body of GET /v1/cluster/nodes
+
+See :mod:`skulk.federation._gossip` for the rounds, the replies and what is skipped.
 """
 
 from ._datastream import DataReceiver, DataSender
+from ._gossip import GossipStatistics, TelemetryGossip
 from ._handshake import ClientHandshake, ServerHandshake
 from ._link import Link, RpcHandler
 from ._linkbase import (
@@ -132,6 +144,7 @@ __all__ = [
     "DataSender",
     "EpochFileCorrupt",
     "Established",
+    "GossipStatistics",
     "HandshakeFailed",
     "HandshakeState",
     "Link",
@@ -169,6 +182,7 @@ __all__ = [
     "StreamTransport",
     "TelemetryApplyOutcome",
     "TelemetryConfig",
+    "TelemetryGossip",
     "TelemetryRefusal",
     "TelemetryRefusalReason",
     "TelemetryStatistics",

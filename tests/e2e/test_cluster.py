@@ -55,6 +55,17 @@ def test_three_nodes_mesh_a_stranger_is_refused_and_a_lost_node_returns(make_nod
     row = links(a)[b.node_id]
     assert row["rtt_ms"] is not None and row["frames_in"] > 0 and row["bytes_out"] > 0
 
+    # Telemetry gossip converges: every node sees every node's own readings.
+    def gossiped() -> bool:
+        views = [{r["node_id"]: r for r in n.get("/v1/cluster/nodes").json()["nodes"]}
+                 for n in nodes.values()]  # fmt: skip
+        return all(set(v) == set(nodes) for v in views) and all(
+            v[i]["api_address"] == n.url and v[i]["memory_total_bytes"] > 0
+            for v in views for i, n in nodes.items()
+        )  # fmt: skip
+
+    a.wait_for(gossiped, 60, "telemetry gossip converged")
+
     # A node with another secret is refused: seen in the logs, never in the peer lists.
     d = make_node("d", "--join", a.ws_url, secret="c3" * 32)
     a.wait_for(lambda: "wrong_cluster" in a.log(), 30, "the stranger's refusal logged")
