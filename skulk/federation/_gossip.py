@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -45,7 +46,7 @@ from skulk.wire.telemetry import NodeReadings, TelemetryDigest, TelemetryFrame, 
 from ._link import Link
 from ._linkbase import LinkBusy, LinkError, PeerUnreachable
 from ._mesh import Mesh
-from ._meshview import LinkUp, PeerState
+from ._meshview import LinkUp, MeshAddressError, PeerState
 from ._refusal import quote
 from ._telemetry import TelemetryStore
 
@@ -72,6 +73,7 @@ class GossipStatistics:
     #: samples that raised (the round went on without publishing)
     samples_failed: int
     expired: int
+    peers_learned: int
 
 
 class TelemetryGossip:
@@ -107,6 +109,7 @@ class TelemetryGossip:
         self._digests_received = self._pushes_received = 0
         self._sends_busy = self._sends_unreachable = self._sends_failed = 0
         self._frames_failed = self._samples_failed = self._expired = 0
+        self._learned = 0
 
     @property
     def store(self) -> TelemetryStore:
@@ -169,6 +172,7 @@ class TelemetryGossip:
             frames_failed=self._frames_failed,
             samples_failed=self._samples_failed,
             expired=self._expired,
+            peers_learned=self._learned,
         )
 
     # ---- the round ----
@@ -191,6 +195,26 @@ class TelemetryGossip:
         for link in self._open_links():
             self._watch(link)
             self._send(link, digest)
+        self._learn_peers()
+
+    def _learn_peers(self) -> None:
+        """Dial the nodes gossip tells of that no link reaches yet, at their listen addresses
+        (the mesh's tie-break keeps one link per pair if they dial us too)."""
+        for entry in self._store.view.entries():
+            if entry.node_id == self._mesh.node_id or self._mesh.link(entry.node_id) is not None:
+                continue
+            for address in entry.readings.listen_addresses:
+                host = urlsplit(address).hostname
+                if host in (None, "", "0.0.0.0", "::"):
+                    continue  # a wildcard says nothing about where the node is reachable
+                try:
+                    if self._mesh.add_peer(address):
+                        self._learned += 1
+                        log.info(
+                            "telemetry: learned of node %s at %s", quote(entry.node_id), address
+                        )
+                except (MeshAddressError, RuntimeError) as exc:
+                    log.debug("telemetry: not dialing %s: %s", address, exc)
 
     def _open_links(self) -> list[Link]:
         links = []

@@ -44,7 +44,7 @@ def make_node(skulk_home: Path, tmp_path: Path) -> Iterator[Any]:
 def test_three_nodes_mesh_a_stranger_is_refused_and_a_lost_node_returns(make_node: Any) -> None:
     a = make_node("a")
     b = make_node("b", "--join", a.ws_url)
-    c = make_node("c", "--join", a.ws_url, "--join", b.ws_url)
+    c = make_node("c", "--join", a.ws_url)  # C learns of B by gossip and dials it
     nodes = {a.node_id: a, b.node_id: b, c.node_id: c}
     assert len(nodes) == 3  # each data dir has its own node id
 
