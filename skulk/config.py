@@ -57,6 +57,10 @@ class ServeConfig:
     listen: str = "127.0.0.1:52416"
     join: tuple[str, ...] = ()
     cluster_secret_file: Path | None = None
+    # TLS for node-to-node links (wss://); see skulk.federation.tls_contexts
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
 
     def restart_policy(self) -> RestartPolicy:
         return attrs.evolve(
@@ -134,6 +138,11 @@ def _join(value: object) -> str | None:
     return None
 
 
+def _file(value: object) -> str | None:
+    assert isinstance(value, Path)
+    return None if value.expanduser().is_file() else "an existing file"
+
+
 @attrs.frozen
 class Option:
     """One setting. ``multiple``: the flag repeats and the variable is comma-separated."""
@@ -182,11 +191,19 @@ OPTIONS: tuple[Option, ...] = (
            _faults),
     Option("listen", str, "HOST:PORT where this node accepts other nodes (port 0: any)",
            _listen),
-    Option("join", str, "ws://HOST:PORT of a node of the cluster to join (repeatable)", _join,
-           multiple=True),
+    Option("join", str,
+           "ws://HOST:PORT (wss:// with TLS) of a node of the cluster to join (repeatable)",
+           _join, multiple=True),
     Option("cluster_secret_file", Path,
            "file holding the cluster secret (else $SKULK_CLUSTER_SECRET, else one generated in "
            "the data dir)"),
+    Option("tls_cert", Path,
+           "PEM certificate chain: the node listens for nodes with TLS (wss://); needs "
+           "--tls-key", _file),
+    Option("tls_key", Path, "PEM private key of --tls-cert", _file),
+    Option("tls_ca", Path,
+           "PEM CA bundle that wss:// peers' certificates are verified against (each must name "
+           "the host it is dialed by); needed to --join wss://", _file),
 )  # fmt: skip
 
 
@@ -217,7 +234,17 @@ def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfi
         parsed = tuple(_value(opt, item, source) for item in raw) if opt.multiple else None
         values[opt.name] = parsed if parsed is not None else _value(opt, raw, source)
     values.setdefault("home", default_home(env))
-    return ServeConfig(**values)  # type: ignore[arg-type]
+    config = ServeConfig(**values)  # type: ignore[arg-type]
+    if (config.tls_cert is None) != (config.tls_key is None):
+        given, missing = (
+            ("--tls-cert", "--tls-key") if config.tls_key is None else ("--tls-key", "--tls-cert")
+        )
+        raise ValueError(f"{given} needs {missing} as well")
+    if config.tls_ca is None and (
+        wss := [u for u in config.join if u.strip().lower().startswith("wss:")]
+    ):
+        raise ValueError(f"--join {wss[0]!r}: a wss:// peer needs --tls-ca")
+    return config
 
 
 def _value(opt: Option, raw: object, source: str) -> object:

@@ -28,6 +28,7 @@ from skulk.api import create_app
 from skulk.config import ServeConfig
 from skulk.federation import (
     Mesh,
+    MeshAddressError,
     SecretError,
     SecretSource,
     TelemetryGossip,
@@ -37,6 +38,7 @@ from skulk.federation import (
     next_epoch,
     parse_listen_address,
     sample_readings,
+    tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
 from skulk.models import resolve_model
@@ -73,9 +75,19 @@ async def serve(
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
     except SecretError as exc:
         raise StartupError(str(exc)) from None
-    mesh = Mesh(
-        node_id, secret.secret, listen=parse_listen_address(config.listen), join=config.join
-    )
+    try:
+        server_ssl, client_ssl = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
+        mesh = Mesh(
+            node_id,
+            secret.secret,
+            listen=parse_listen_address(config.listen),
+            join=config.join,
+            server_ssl=server_ssl,
+            client_ssl=client_ssl,
+        )
+    except (ValueError, MeshAddressError) as exc:  # TlsConfigError is a ValueError
+        raise StartupError(str(exc)) from None
+    scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
     gossip = TelemetryGossip(
         mesh,
@@ -112,15 +124,20 @@ async def serve(
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         print(
             f"skulk: node {node_id} of cluster {secret.cluster_id} ({secret.describe()}); "
-            f"federation listening on ws://{listen}",
+            f"federation listening on {scheme}://{listen}",
             flush=True,
         )
         if secret.source is SecretSource.GENERATED:
-            print(join_instructions(secret.path, listen, cluster_id=secret.cluster_id), flush=True)
+            instructions = join_instructions(secret.path, listen, cluster_id=secret.cluster_id)
+            if server_ssl is not None:
+                instructions = instructions.replace(
+                    " --join ws://", " --tls-ca CA_FILE --join wss://"
+                )
+            print(instructions, flush=True)
         nursery.start_soon(service.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"
-        addresses.update(listen=f"ws://{listen}", api=url)
+        addresses.update(listen=f"{scheme}://{listen}", api=url)
         await nursery.start(gossip.run)
         print(f"skulk: API listening on {url} (model {model_id})", flush=True)
         task_status.started(url)

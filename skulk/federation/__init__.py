@@ -38,6 +38,8 @@ The mesh: a listener and dialers keeping one authenticated link per node pair::
     mesh.links_json()  # the body of GET /v1/cluster/links
 
 See :mod:`skulk.federation._mesh` for the listener, dialers, reconnects and the tie-break.
+Optional TLS (``wss://``): ``server_ssl, client_ssl = tls_contexts(cert, key, ca)``, passed to
+``Mesh(..., server_ssl=..., client_ssl=...)``; see :mod:`skulk.federation._tls`.
 
 The telemetry gossip driver: a :class:`TelemetryStore` kept in sync over a mesh's links (it is
 the single consumer of ``mesh.events``)::
@@ -119,6 +121,7 @@ from ._telemetry import (
     next_epoch,
     telemetry_version,
 )
+from ._tls import TlsConfigError, tls_contexts
 from ._transport import (
     MessageTooLarge,
     MessageTransport,
@@ -188,6 +191,7 @@ __all__ = [
     "TelemetryStatistics",
     "TelemetryStore",
     "TelemetryView",
+    "TlsConfigError",
     "TransportClosed",
     "TransportError",
     "TransportViolation",
@@ -205,5 +209,6 @@ __all__ = [
     "run_link",
     "sample_readings",
     "telemetry_version",
+    "tls_contexts",
     "valid_node_id",
 ]

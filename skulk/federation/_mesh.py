@@ -40,11 +40,14 @@ Cancelling :meth:`Mesh.run` closes every link (1000, bounded by ``close_timeout`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import random
 import secrets
-from collections.abc import Iterable
+import ssl
+from collections.abc import AsyncIterator, Iterable
+from urllib.parse import urlsplit
 
 import trio
 import trio_websocket
@@ -61,6 +64,7 @@ from ._meshview import (
     DEFAULT_LISTEN,
     JsonValue,
     LinkView,
+    MeshAddressError,
     MeshEvent,
     MeshStatistics,
     PeerState,
@@ -70,6 +74,7 @@ from ._meshview import (
 from ._refusal import RefusalReason, one_line, quote
 from ._replay import ReplayCache
 from ._secret import ClusterSecret
+from ._tls import TlsHandshakeError
 from ._transport import WebSocketTransport
 
 log = logging.getLogger("skulk.federation.mesh")
@@ -89,6 +94,10 @@ class Mesh:
     ``event_buffer`` bounds :attr:`events`: when it is full, events are dropped (counted in
     :meth:`statistics`) and :meth:`links` stays the truth. ``max_peers`` bounds the rows kept:
     beyond it, the oldest peers that are down and that no dial target names are forgotten.
+
+    TLS (both optional, see :func:`tls_contexts`): with ``server_ssl`` the listener speaks TLS
+    (peers dial it as ``wss://``); ``client_ssl`` verifies the peers dialed as ``wss://``. A
+    ``wss://`` target without ``client_ssl`` is a :class:`MeshAddressError`.
     """
 
     def __init__(
@@ -105,6 +114,8 @@ class Mesh:
         max_handshakes: int = 64,
         event_buffer: int = 256,
         max_peers: int = 1024,
+        server_ssl: ssl.SSLContext | None = None,
+        client_ssl: ssl.SSLContext | None = None,
     ) -> None:
         if not valid_node_id(node_id):
             raise ValueError(f"invalid node id {node_id!r}: 1..128 printable characters")
@@ -119,6 +130,8 @@ class Mesh:
         self._backoff = backoff
         self._max_handshakes = max_handshakes
         self._max_peers = max_peers
+        self._server_ssl = server_ssl
+        self._client_ssl = client_ssl
         self._replay = ReplayCache()
         self._table = LinkTable(node_id, event_buffer=event_buffer, max_peers=max_peers)
         self._targets = self._table.targets
@@ -140,12 +153,17 @@ class Mesh:
         return self._bound
 
     def add_peer(self, url: str) -> bool:
-        """Dial ``url`` (``ws://HOST:PORT``) from now on, reconnecting forever; ``False`` if it is
-        a dial target already. :class:`MeshAddressError` for a bad URL; ``RuntimeError`` once
-        :meth:`run` has ended, or beyond ``max_peers`` targets."""
+        """Dial ``url`` (``ws://HOST:PORT`` or ``wss://HOST:PORT``) from now on, reconnecting
+        forever; ``False`` if it is a dial target already. :class:`MeshAddressError` for a bad
+        URL, or a ``wss://`` one without a client TLS context; ``RuntimeError`` once :meth:`run`
+        has ended, or beyond ``max_peers`` targets."""
         if self._finished:
             raise RuntimeError("the mesh has stopped")
         url = parse_join_url(url)
+        if url.startswith("wss://") and self._client_ssl is None:
+            raise MeshAddressError(
+                f"--join {url!r}: a wss:// peer needs --tls-ca (the CA that signed its certificate)"
+            )
         if url in self._targets:
             return False
         if len(self._targets) >= self._max_peers:
@@ -201,7 +219,7 @@ class Mesh:
             self._serve_connection,
             host,
             port,
-            None,
+            self._server_ssl,
             max_message_size=config.max_frame_size,
             connect_timeout=config.handshake_timeout,
             disconnect_timeout=config.close_timeout,
@@ -214,7 +232,10 @@ class Mesh:
                 for target in self._targets.values():
                     nursery.start_soon(self._dial_loop, target)
                 log.info(
-                    "federation: node %s listening on %s:%d", quote(self.node_id), *self._bound
+                    "federation: node %s listening on %s:%d%s",
+                    quote(self.node_id),
+                    *self._bound,
+                    " (TLS)" if self._server_ssl is not None else "",
                 )
                 task_status.started(self._bound)
         finally:
@@ -315,12 +336,7 @@ class Mesh:
         config = self._config
         failed: HandshakeFailed | None = None
         try:
-            async with trio_websocket.open_websocket_url(
-                target.url,
-                max_message_size=config.max_frame_size,
-                connect_timeout=config.handshake_timeout,
-                disconnect_timeout=config.close_timeout,
-            ) as ws:
+            async with self._open_websocket(target.url) as ws:
                 handshake = ClientHandshake(
                     self._secret,
                     self.node_id,
@@ -351,6 +367,64 @@ class Mesh:
             log.log(logging.DEBUG if quiet else logging.WARNING, "federation: %s", failed.detail)
         refusal = failed.refusal
         return 0.0, refusal is not None and refusal.reason is RefusalReason.OWN_NODE_ID
+
+    def _open_websocket(
+        self, url: str
+    ) -> contextlib.AbstractAsyncContextManager[trio_websocket.WebSocketConnection]:
+        if url.startswith("wss://"):
+            return self._open_wss(url)
+        config = self._config
+        return trio_websocket.open_websocket_url(
+            url,
+            max_message_size=config.max_frame_size,
+            connect_timeout=config.handshake_timeout,
+            disconnect_timeout=config.close_timeout,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _open_wss(self, url: str) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+        """A ``wss://`` connection whose TLS handshake is done first, so that a TLS failure (an
+        untrusted certificate, a wrong host name) is reported as such: trio-websocket itself
+        would only report a timeout."""
+        config = self._config
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+        assert host is not None and port is not None and self._client_ssl is not None
+        try:
+            with trio.fail_after(config.handshake_timeout):
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=self._client_ssl, https_compatible=True
+                )
+                try:
+                    await stream.do_handshake()
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise TlsHandshakeError(f"TLS handshake failed: {cause}") from None
+        except trio.TooSlowError:
+            raise trio_websocket.ConnectionTimeout from None
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(config.handshake_timeout):
+                    ws = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,
+                        parts.netloc,
+                        parts.path or "/",
+                        max_message_size=config.max_frame_size,
+                    )
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            try:
+                yield ws
+            finally:
+                with trio.move_on_after(config.close_timeout) as scope:
+                    scope.shield = True
+                    await ws.aclose()
+                nursery.cancel_scope.cancel()
 
 
 def _describe(exc: BaseException) -> str:

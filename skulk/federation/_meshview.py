@@ -131,24 +131,23 @@ class MeshAddressError(ValueError):
 
 
 def parse_join_url(url: str) -> str:
-    """A ``--join`` URL, checked and normalised (``ws://host:port`` plus its path, if any).
-
-    Only ``ws://`` is supported for now (``wss://`` needs the TLS options, not built yet); the
-    port is required.
+    """A ``--join`` URL, checked and normalised (``ws://host:port`` or ``wss://host:port``, plus
+    its path, if any). The port is required. (Whether a ``wss://`` URL can be dialed, which needs
+    ``--tls-ca``, is the mesh's check.)
     """
     parts = urlsplit(url.strip())
-    if parts.scheme != "ws":
-        raise MeshAddressError(f"--join {url!r}: expected ws://HOST:PORT")
+    if parts.scheme not in ("ws", "wss"):
+        raise MeshAddressError(f"--join {url!r}: expected ws://HOST:PORT or wss://HOST:PORT")
     try:
         port = parts.port
     except ValueError:
         raise MeshAddressError(f"--join {url!r}: the port is not a number in 0..65535") from None
     if not parts.hostname or port is None or port == 0:
-        raise MeshAddressError(f"--join {url!r}: expected ws://HOST:PORT with a port")
+        raise MeshAddressError(f"--join {url!r}: expected {parts.scheme}://HOST:PORT with a port")
     if parts.query or parts.fragment or parts.username or parts.password:
         raise MeshAddressError(f"--join {url!r}: no user, query or fragment allowed")
     path = parts.path.rstrip("/")
-    return f"ws://{parts.netloc}{path}"
+    return f"{parts.scheme}://{parts.netloc}{path}"
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:

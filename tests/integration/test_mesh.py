@@ -213,18 +213,26 @@ async def test_simultaneous_mutual_dial_keeps_one_link(ids: tuple[str, str]) -> 
         x, y = make_mesh(ids[0]), make_mesh(ids[1])
         x_url, _ = await start_mesh(nursery, x)
         y_url, _ = await start_mesh(nursery, y)
-        x.add_peer(y_url)  # both dial in the same instant
+        x.add_peer(y_url)  # both dial at about the same time
         y.add_peer(x_url)
-        # Each side's dialer gets its link established (neither is a same-direction
-        # duplicate); the tie-break keeps the one dialed by the smaller id, on both sides.
-        smaller = min(ids)
 
-        def settled(mesh: Mesh, peer: str) -> bool:
-            view = row(mesh, peer)
-            return view is not None and view.outbound is (mesh.node_id == smaller)
+        # Whether both dials race depends on scheduling: a dialer that finds the pair linked
+        # already does not dial. Either way each side ends with one link, the same one.
+        def settled() -> bool:
+            vx, vy = row(x, ids[1]), row(y, ids[0])
+            return (
+                vx is not None and vy is not None and vx.state is PeerState.UP
+                and vy.state is PeerState.UP and vx.outbound is not vy.outbound
+            )  # fmt: skip
 
-        await until(lambda: settled(x, ids[1]) and settled(y, ids[0]))
-        assert x.statistics().tie_breaks >= 1 and y.statistics().tie_breaks >= 1
+        await until(settled)
+        both_dialed = x.statistics().dials == 1 and y.statistics().dials == 1
+        if both_dialed:
+            # The tie-break keeps the link dialed by the smaller id, on both sides.
+            smaller = min(ids)
+            kept_by_smaller = x.node_id == smaller
+            await until(lambda: getattr(row(x, ids[1]), "outbound", None) is kept_by_smaller)
+            assert x.statistics().tie_breaks + y.statistics().tie_breaks >= 1
         for mesh in (x, y):
             assert len(mesh.links()) == 1 and mesh.statistics().peers_up == 1
         kept_x, kept_y = x.link(ids[1]), y.link(ids[0])
@@ -234,7 +242,7 @@ async def test_simultaneous_mutual_dial_keeps_one_link(ids: tuple[str, str]) -> 
         frames = kept_x.statistics().frames_in
         await until(lambda: kept_x.statistics().frames_in >= frames + 5)
         assert x.link(ids[1]) is kept_x and y.link(ids[0]) is kept_y
-        assert x.statistics().dials == 1 and y.statistics().dials == 1
+        assert x.statistics().dials <= 1 and y.statistics().dials <= 1
         for mesh in (x, y):
             assert not [e for e in drain(mesh.events) if isinstance(e, LinkDown)]
             view = mesh.links()[0]
@@ -364,7 +372,16 @@ async def test_an_authenticated_peer_that_goes_silent_is_down_after_liveness() -
 def test_addresses_are_checked() -> None:
     assert parse_join_url(" ws://10.0.0.2:52416/ ") == "ws://10.0.0.2:52416"
     assert parse_join_url("ws://[::1]:1/fed") == "ws://[::1]:1/fed"
-    for bad in ("http://h:1", "ws://h", "ws://h:0", "ws://h:99999", "wss://h:1", "ws://h:1/?q"):
+    assert parse_join_url("WSS://node-b:52416/") == "wss://node-b:52416"
+    for bad in (
+        "http://h:1",
+        "ws://h",
+        "ws://h:0",
+        "ws://h:99999",
+        "wss://h",
+        "ftp://h:1",
+        "ws://h:1/?q",
+    ):
         with pytest.raises(MeshAddressError):
             parse_join_url(bad)
     assert parse_listen_address("127.0.0.1:52416") == ("127.0.0.1", 52416)

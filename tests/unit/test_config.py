@@ -62,3 +62,24 @@ def test_xdg_data_home_is_respected() -> None:
 def test_bad_values_name_their_source(argv: list[str], env: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):
         parse(argv, env)
+
+
+def test_tls_options(tmp_path: Path) -> None:
+    cert, key, ca = (tmp_path / name for name in ("cert.pem", "key.pem", "ca.pem"))
+    for path in (cert, key, ca):
+        path.write_text("x")
+    flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca)]
+    config = parse([*flags, "--join", "wss://10.0.0.2:52416"])
+    assert (config.tls_cert, config.tls_key, config.tls_ca) == (cert, key, ca)
+    assert parse([], {"SKULK_TLS_CA": str(ca)}).tls_ca == ca
+    assert parse([]).tls_cert is None
+    with pytest.raises(ValueError, match="--tls-cert: expected an existing file"):
+        parse(["--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(key)])
+    with pytest.raises(ValueError, match="SKULK_TLS_KEY: expected an existing file"):
+        parse([], {"SKULK_TLS_KEY": str(tmp_path)})
+    with pytest.raises(ValueError, match="--tls-cert needs --tls-key"):
+        parse(["--tls-cert", str(cert)])
+    with pytest.raises(ValueError, match="--tls-key needs --tls-cert"):
+        parse(["--tls-key", str(key)])
+    with pytest.raises(ValueError, match="wss:// peer needs --tls-ca"):
+        parse(["--join", "wss://10.0.0.2:52416"])
