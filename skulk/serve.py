@@ -123,7 +123,7 @@ async def serve(
             raise StartupError(f"cannot listen for nodes on {config.listen}: {exc}") from None
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         print(
-            f"skulk: node {node_id} of cluster {secret.cluster_id} ({secret.describe()}); "
+            f"skulk: node {node_id} of {secret.describe()}; "
             f"federation listening on {scheme}://{listen}",
             flush=True,
         )
