@@ -16,6 +16,7 @@ are also validated against the spec, and the codec must accept exactly what the 
 
 from __future__ import annotations
 
+import enum
 import importlib
 import json
 import pkgutil
@@ -269,6 +270,8 @@ def code_model() -> CodeModel:
             return frozenset({"null"})
         if get_origin(t) is Literal:
             return frozenset(_literal(v) for v in get_args(t))
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            return frozenset(_literal(m.value) for m in t)
         if get_origin(t) is tuple:
             args = get_args(t)
             if len(args) == 2 and args[1] is Ellipsis:
@@ -524,6 +527,8 @@ def _samples(t: Any, depth: int = 0) -> list[Any]:
         return leaves[t]
     if get_origin(t) is Literal:
         return list(get_args(t))
+    if isinstance(t, type) and issubclass(t, enum.Enum):
+        return list(t)
     if get_origin(t) is tuple:
         args = get_args(t)
         if len(args) == 2 and args[1] is Ellipsis:
@@ -592,6 +597,7 @@ def _mutations(value: Any) -> Iterator[Any]:
         "HandshakeFromServer",
         "TelemetryFrame",
         "LinkFrame",
+        "RaftPayload",
     ],
 )
 def test_codec_and_spec_accept_the_same_frames(spec_text: str, root: str) -> None:
