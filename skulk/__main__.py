@@ -47,13 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     import trio
 
+    from skulk.consensus import StorageCorrupt
     from skulk.identity import IdentityError
     from skulk.serve import StartupError, serve
 
     problems: list[BaseException] = []
     try:
         trio.run(serve, config)
-    except* (StartupError, IdentityError) as group:
+    except* (StartupError, IdentityError, StorageCorrupt) as group:
         problems.extend(group.exceptions)
     for problem in problems:
         print(f"skulk: cannot start: {problem}", file=sys.stderr)

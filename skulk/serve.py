@@ -3,12 +3,14 @@
     root nursery
     ├── signal watcher   SIGINT/SIGTERM → graceful shutdown
     ├── Mesh             federation: listener, dialers, one authenticated link per peer
+    ├── Consensus        Raft over the mesh (durable log in $SKULK_HOME/raft), leader duties
     ├── TelemetryGossip  this node's readings, last-writer-wins gossip over the mesh
     ├── ModelService     resolves the model, keeps its runner up
     └── Hypercorn        the Quart-Trio API (trio worker)
 
-Shutdown: stop accepting, give open streams ``GRACEFUL_TIMEOUT`` seconds, then cancel
-everything; the model service's cancellation terminates and reaps the runner's process group.
+Shutdown: hand Raft leadership over if this node leads, stop accepting, give open streams
+``GRACEFUL_TIMEOUT`` seconds, then cancel everything; the model service's cancellation
+terminates and reaps the runner's process group.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from skulk.api import create_app
 from skulk.config import ServeConfig
+from skulk.consensus import ConsensusService
 from skulk.federation import (
     Mesh,
     MeshAddressError,
@@ -75,6 +78,12 @@ async def serve(
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
     except SecretError as exc:
         raise StartupError(str(exc)) from None
+    consensus: ConsensusService | None = None
+
+    async def rpc(method: str, body: bytes) -> bytes:
+        assert consensus is not None  # set below, before the mesh runs
+        return await consensus.handle_rpc(method, body)
+
     try:
         server_ssl, client_ssl = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
         mesh = Mesh(
@@ -84,9 +93,12 @@ async def serve(
             join=config.join,
             server_ssl=server_ssl,
             client_ssl=client_ssl,
+            rpc_handler=rpc,
         )
     except (ValueError, MeshAddressError) as exc:  # TlsConfigError is a ValueError
         raise StartupError(str(exc)) from None
+    # A node started without --join founds a cluster (if it has no Raft data yet).
+    consensus = ConsensusService(node_id, mesh, config.home / "raft", founder=not config.join)
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
     gossip = TelemetryGossip(
@@ -94,7 +106,7 @@ async def serve(
         TelemetryStore(node_id, next_epoch(config.home)),
         lambda: sample_readings(node_id, (addresses["listen"],), addresses["api"]),
     )
-    app = create_app(service, mesh, gossip)
+    app = create_app(service, mesh, gossip, consensus)
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
     hc.graceful_timeout = GRACEFUL_TIMEOUT
@@ -134,6 +146,7 @@ async def serve(
                     " --join ws://", " --tls-ca CA_FILE --join wss://"
                 )
             print(instructions, flush=True)
+        await nursery.start(consensus.run)  # StorageCorrupt: refuses to start (see __main__)
         nursery.start_soon(service.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"
@@ -143,6 +156,7 @@ async def serve(
         task_status.started(url)
         await shutdown.wait()
         log.info("shutting down")
+        await consensus.step_down(timeout=GRACEFUL_TIMEOUT)
         # Hypercorn returns once open requests finished or its graceful timeout cut them.
         with trio.move_on_after(GRACEFUL_TIMEOUT + 2):
             await http_done.wait()

@@ -20,6 +20,7 @@ from skulk.api._openai import (
 )
 from skulk.api._stream import Request, complete, stream_chunks, unavailable_error
 from skulk.api._ws import serve_websocket
+from skulk.consensus import ConsensusService
 from skulk.federation import Mesh, TelemetryGossip
 from skulk.runner import Runner
 from skulk.worker import ModelService, ModelUnavailable
@@ -28,7 +29,10 @@ log = logging.getLogger("skulk.api")
 
 
 def create_app(
-    service: ModelService, cluster: Mesh | None = None, gossip: TelemetryGossip | None = None
+    service: ModelService,
+    cluster: Mesh | None = None,
+    gossip: TelemetryGossip | None = None,
+    consensus: ConsensusService | None = None,
 ) -> QuartTrio:
     """The HTTP API for a node serving ``service``'s model, in ``cluster``'s mesh."""
     app = QuartTrio("skulk")
@@ -66,7 +70,14 @@ def create_app(
         }
         if s.failure_reason:
             body["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
-        return _json(body, 200 if s.ready else 503)
+        healthy = s.ready
+        if consensus is not None:
+            raft = consensus.status_json()
+            body["consensus"] = {k: raft[k] for k in ("healthy", "unavailable", "role", "leader")}
+            if not raft["healthy"]:  # e.g. its disk is full: it takes no part in decisions
+                healthy = False
+                body["status"] = "consensus_unavailable"
+        return _json(body, 200 if healthy else 503)
 
     @app.get("/v1/diagnostics/node")
     async def diagnostics() -> Response:
@@ -81,6 +92,12 @@ def create_app(
     @app.get("/v1/cluster/links")
     async def cluster_links() -> Response:
         return _json(cluster.links_json() if cluster is not None else {"links": []}, 200)
+
+    @app.get("/v1/cluster/raft")
+    async def cluster_raft() -> Response:
+        if consensus is None:
+            return _json({"error": {"message": "consensus is not running"}}, 503)
+        return _json(consensus.status_json(), 200)
 
     @app.get("/v1/cluster/nodes")
     async def cluster_nodes() -> Response:

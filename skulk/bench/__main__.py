@@ -1,5 +1,7 @@
 """``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--stream-interval S]
-[--home DIR]``."""
+[--home DIR]`` and ``python -m skulk.bench raft [--json] [--clients N] [--duration S]
+[--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
+[--baseline-no-fsync]``."""
 
 from __future__ import annotations
 
@@ -27,11 +29,48 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--home", type=Path, default=None, help="data dir to use (default: a temporary one)"
     )
+    raft = sub.add_parser("raft", help="Raft commits and failover vs pysyncobj (3 replicas)")
+    raft.add_argument("--json", action="store_true", help="print only the JSON result")
+    raft.add_argument("--clients", type=int, default=128, help="concurrent clients (default 128)")
+    raft.add_argument("--duration", type=float, default=5.0, help="seconds of concurrent load")
+    raft.add_argument("--sequential", type=int, default=200, help="one-at-a-time commands")
+    raft.add_argument("--trials", type=int, default=10, help="leader kills (default 10)")
+    raft.add_argument("--tick", type=float, default=0.05, help="seconds per Raft tick")
+    raft.add_argument("--election-ticks", type=int, default=10)
+    raft.add_argument("--no-baseline", action="store_true", help="skip pysyncobj")
+    raft.add_argument(
+        "--baseline-no-fsync",
+        action="store_true",
+        help="run pysyncobj as shipped (it never fsyncs its journal) instead of patched to sync",
+    )
     args = parser.parse_args(argv)
+    if args.bench == "raft":
+        return _raft(args)
 
     from skulk.bench._serve import run, table
 
     result = run(args.max_tokens, args.repeats, args.home, args.stream_interval)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(table(result))
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _raft(args: argparse.Namespace) -> int:
+    from skulk.bench._raft import Settings, run, table
+
+    settings = Settings(
+        clients=args.clients,
+        duration=args.duration,
+        sequential=args.sequential,
+        trials=args.trials,
+        tick=args.tick,
+        election_ticks=args.election_ticks,
+        baseline_fsync=not args.baseline_no_fsync,
+    )
+    result = run(settings, baseline=not args.no_baseline)
     if args.json:
         print(json.dumps(result))
     else:

@@ -10,10 +10,30 @@ The core::
 
 See :mod:`skulk.consensus._core` for the protocol, :mod:`skulk.consensus._types` for the
 values and ``specs/consensus.md`` for the normative description.
+
+Around it: :class:`Storage` (durable log and snapshots over a :class:`OsDisk`), the Trio
+:class:`RaftDriver` (persist, then send, then apply; submissions from any node), the
+:class:`StateMachine` interface with exactly-once :class:`Sessions`, transports
+(:class:`MeshTransport` over federation links, :class:`MemoryNetwork` for tests) and the
+:class:`ConsensusService` that ``serve`` runs.
 """
 
 from ._core import NotLeader, ProposalRefused, RaftConfig, RaftCore, RaftStatistics, Role
+from ._driver import DriverConfig, DriverStatistics, RaftDriver
+from ._errors import (
+    ConsensusError,
+    NoQuorum,
+    SnapshotCorrupt,
+    SubmitTimeout,
+    Unavailable,
+    UnavailableReason,
+)
 from ._log import LogConflict
+from ._machine import Sessions, StateMachine, pack, unpack, unpack_as
+from ._osdisk import OsDisk
+from ._service import ConsensusService, Registry
+from ._storage import Storage, StorageCorrupt, StorageError
+from ._transport import MemoryNetwork, MeshTransport, Transport
 from ._types import (
     AppendReply,
     AppendRequest,
@@ -50,33 +70,56 @@ __all__ = [
     "Compact",
     "ConfChange",
     "ConfState",
+    "ConsensusError",
+    "ConsensusService",
+    "DriverConfig",
+    "DriverStatistics",
     "Entry",
     "EntryKind",
     "HardState",
     "Input",
     "LogConflict",
     "LogPosition",
+    "MemoryNetwork",
+    "MeshTransport",
     "Message",
+    "NoQuorum",
     "NodeId",
     "NotLeader",
+    "OsDisk",
     "Payload",
     "ProposalRefused",
     "Propose",
     "ProposeConfChange",
     "RaftConfig",
     "RaftCore",
+    "RaftDriver",
     "RaftStatistics",
     "Ready",
     "Receive",
     "Recovered",
+    "Registry",
     "Role",
+    "Sessions",
     "Snapshot",
     "SnapshotChunk",
+    "SnapshotCorrupt",
     "SnapshotMeta",
     "SnapshotReply",
+    "StateMachine",
+    "Storage",
+    "StorageCorrupt",
+    "StorageError",
+    "SubmitTimeout",
     "Tick",
     "TimeoutNow",
     "TransferLeadership",
+    "Transport",
+    "Unavailable",
+    "UnavailableReason",
     "VoteReply",
     "VoteRequest",
+    "pack",
+    "unpack",
+    "unpack_as",
 ]

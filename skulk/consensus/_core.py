@@ -22,6 +22,8 @@ import random
 
 import attrs
 
+from ._errors import NotLeader as NotLeader
+from ._errors import ProposalRefused as ProposalRefused
 from ._log import RaftLog
 from ._progress import Progress, Replication
 from ._types import (
@@ -60,24 +62,6 @@ class Role(enum.Enum):
     PRE_CANDIDATE = "pre_candidate"
     CANDIDATE = "candidate"
     LEADER = "leader"
-
-
-class NotLeader(Exception):
-    """This node does not lead; ``leader`` is who it believes does (None if unknown)."""
-
-    def __init__(self, leader: NodeId | None) -> None:
-        super().__init__(f"not the leader (leader: {leader or 'unknown'})")
-        self.leader = leader
-
-
-class ProposalRefused(Exception):
-    """The leader cannot take this proposal now; ``reason`` is a stable snake_case name:
-    ``transfer_in_progress``, ``conf_change_pending``, ``learner_not_caught_up``,
-    ``invalid_conf_change``, ``invalid_transfer``, ``not_a_member``."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
 
 
 @attrs.frozen

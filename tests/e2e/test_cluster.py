@@ -82,3 +82,53 @@ def test_three_nodes_mesh_a_stranger_is_refused_and_a_lost_node_returns(make_nod
     assert b2.node_id == b.node_id  # the same data dir, the same node
     nodes[b.node_id] = b2
     a.wait_for(meshed, 60, "the mesh whole again")
+
+
+def raft(node: NodeProcess) -> dict[str, Any]:
+    body: dict[str, Any] = node.get("/v1/cluster/raft").json()
+    return body
+
+
+def test_raft_forms_over_the_mesh_survives_a_leader_kill_and_hands_over_on_sigterm(
+    make_node: Any,
+) -> None:
+    a = make_node("a")  # no --join: founds the cluster, its only voter at first
+    b = make_node("b", "--join", a.ws_url)
+    c = make_node("c", "--join", a.ws_url)
+    nodes = {n.node_id: n for n in (a, b, c)}
+
+    def agreed(members: dict[str, NodeProcess]) -> str | None:
+        """The leader every live node names, once all of them see the same three voters."""
+        views = [raft(n) for n in members.values()]
+        leaders = {v["leader"] for v in views}
+        voters = [sorted(v["voters"]) for v in views]
+        if len(leaders) == 1 and None not in leaders and voters == [sorted(nodes)] * len(views):
+            return leaders.pop()  # type: ignore[no-any-return]
+        return None
+
+    a.wait_for(lambda: agreed(nodes) is not None, 60, "three voters and one leader")
+    first = agreed(nodes)
+    assert first == a.node_id  # the founder leads until something happens to it
+    term = raft(a)["term"]
+
+    # SIGKILL the leader: the other two elect one of themselves.
+    a.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+    a.wait_exit(10)
+    rest = {i: n for i, n in nodes.items() if i != a.node_id}
+    b.wait_for(lambda: agreed(rest) not in (None, a.node_id), 60, "a new leader of two")
+    second = agreed(rest)
+    assert second in rest and raft(rest[second])["term"] > term  # type: ignore[index]
+
+    # The killed founder comes back (same data dir, same port): it follows, it does not found.
+    port = a.ws_url.rsplit(":", 1)[1]
+    a2 = make_node("a", "--listen", f"127.0.0.1:{port}")
+    nodes[a.node_id] = a2
+    a2.wait_for(lambda: agreed(nodes) == second, 60, "the old leader rejoined as a follower")
+
+    # SIGTERM the leader: it hands leadership over before it exits.
+    leader = nodes[second]  # type: ignore[index]
+    leader.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    leader.wait_exit(30)
+    assert "leadership handed to node-" in leader.log()
+    rest = {i: n for i, n in nodes.items() if i != second}
+    a2.wait_for(lambda: agreed(rest) not in (None, second), 60, "the transferred leader")

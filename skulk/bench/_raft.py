@@ -1,0 +1,321 @@
+"""``python -m skulk.bench raft``: Raft commit latency, throughput and failover vs pysyncobj.
+
+Each system runs as three replica processes on loopback (:mod:`skulk.bench._raftnode`), with
+fsync on, replicating the same counter with exactly-once sessions; the client side is the
+same for both (the replicas' JSON control protocol, one TCP connection per client task):
+
+* **sequential**: one client, ``sequential`` commands one at a time to the leader: commit
+  latency p50/p99 with no load (``idle_commit_*``);
+* **concurrent**: ``clients`` tasks each submitting one command at a time to the leader for
+  ``duration`` s: committed commands/s and commit latency p50/p99 under that load
+  (``commit_*``, ``commits_per_s``);
+* **failover** (``trials`` times): kill -9 the leader, then submit to the survivors (0.2 s per
+  attempt, same (client, seq) until one commits): the time from the kill to that commit, in
+  election timeouts (``election_ticks * tick``; both systems use the same timeout range
+  ``[T, 2T)``). The killed replica is restarted and caught up before the next trial.
+
+Ratios are ours / pysyncobj's for throughput (> 1: we commit more per second) and latency
+(< 1: we are faster).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ._raftnode import Json, read_json, write_json
+
+NAMES = ("n1", "n2", "n3")
+
+
+@attrs.frozen
+class Settings:
+    clients: int = 128
+    duration: float = 5.0
+    sequential: int = 200
+    trials: int = 10
+    tick: float = 0.05
+    election_ticks: int = 10
+    baseline_fsync: bool = True
+
+    @property
+    def election_timeout(self) -> float:
+        return self.tick * self.election_ticks
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Client:
+    """One control connection to a replica."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+
+    async def request(self, value: Json) -> Json:
+        await write_json(self._stream, value)
+        reply = await read_json(self._stream, self._buffer)
+        if reply is None:
+            raise trio.BrokenResourceError("replica closed the control connection")
+        return reply
+
+    async def submit(self, client: str, seq: int, budget: float) -> Json:
+        """Submit one command; the replica gives up after ``budget`` seconds."""
+        return await self.request({"op": "submit", "client": client, "seq": seq, "timeout": budget})
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class Cluster:
+    """Three replica processes of one system, each in its own process group."""
+
+    def __init__(self, system: str, root: Path, settings: Settings) -> None:
+        self.system = system
+        self.root = root
+        self.settings = settings
+        self.peer_ports = {n: _free_port() for n in NAMES}
+        self.control = {n: _free_port() for n in NAMES}
+        self.procs: dict[str, trio.Process] = {}
+        self.dead: list[trio.Process] = []
+        self.env = dict(os.environ, SKULK_CLUSTER_SECRET=secrets.token_hex(32))
+
+    async def start(self, name: str) -> None:
+        nodes = ",".join(f"{n}=127.0.0.1:{p}" for n, p in self.peer_ports.items())
+        command = [
+            sys.executable, "-m", "skulk.bench._raftnode", "--system", self.system,
+            "--id", name, "--nodes", nodes, "--control", str(self.control[name]),
+            "--dir", str(self.root / name), "--tick", str(self.settings.tick),
+            "--election-ticks", str(self.settings.election_ticks),
+        ]  # fmt: skip
+        if self.system == "pysyncobj" and not self.settings.baseline_fsync:
+            command.append("--no-fsync")
+        log = open(self.root / f"{name}.log", "ab")  # noqa: ASYNC230 - a local file, once
+        try:
+            self.procs[name] = await trio.lowlevel.open_process(
+                command, stdout=log, stderr=log, env=self.env, start_new_session=True
+            )
+        finally:
+            log.close()
+
+    def kill(self, name: str) -> None:
+        """kill -9 the replica's process group (it is reaped by :meth:`reap`)."""
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            self.dead.append(proc)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def reap(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+        with trio.move_on_after(10, shield=True):
+            for proc in self.dead:
+                await proc.wait()
+
+    async def status(self, name: str) -> Json | None:
+        try:
+            with trio.fail_after(1.0):
+                client = await Client.connect(self.control[name])
+                try:
+                    return await client.request({"op": "status"})
+                finally:
+                    await client.aclose()
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError):
+            return None
+
+    async def wait_agreed(self, limit: float = 30.0) -> str:
+        """Wait until every running replica names the same leader and has applied as much as
+        it; return the leader."""
+        with trio.fail_after(limit):
+            while True:
+                found = [await self.status(n) for n in self.procs]
+                leaders = {s.get("leader") for s in found if s is not None}
+                if None not in found and len(leaders) == 1 and None not in leaders:
+                    commits = {s["commit"] for s in found if s is not None}
+                    if len(commits) == 1:
+                        leader = leaders.pop()
+                        assert isinstance(leader, str)
+                        return leader
+                await trio.sleep(0.05)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+async def _sequential(cluster: Cluster, leader: str, count: int) -> list[float]:
+    client = await Client.connect(cluster.control[leader])
+    latencies = []
+    try:
+        for seq in range(1, count + 1):
+            started = time.perf_counter()
+            reply = await client.submit("seq-client", seq, 5.0)
+            latencies.append(time.perf_counter() - started)
+            if not reply["ok"]:
+                raise RuntimeError(f"{cluster.system}: sequential submit failed: {reply}")
+    finally:
+        await client.aclose()
+    return latencies
+
+
+async def _concurrent(
+    cluster: Cluster, leader: str, settings: Settings
+) -> tuple[int, float, list[float]]:
+    latencies: list[float] = []
+    failures = 0
+    clients = [await Client.connect(cluster.control[leader]) for _ in range(settings.clients)]
+    stop = time.perf_counter() + settings.duration
+
+    async def worker(k: int, client: Client) -> None:
+        nonlocal failures
+        seq = 0
+        while time.perf_counter() < stop:
+            seq += 1
+            started = time.perf_counter()
+            reply = await client.submit(f"load-{k}", seq, 5.0)
+            if reply["ok"]:
+                latencies.append(time.perf_counter() - started)
+            else:
+                failures += 1
+
+    began = time.perf_counter()
+    try:
+        async with trio.open_nursery() as nursery:
+            for k, client in enumerate(clients):
+                nursery.start_soon(worker, k, client)
+    finally:
+        for client in clients:
+            await client.aclose()
+    return failures, time.perf_counter() - began, latencies
+
+
+async def _failover(cluster: Cluster, trial: int) -> float:
+    leader = await cluster.wait_agreed()
+    survivors = [n for n in NAMES if n != leader]
+    cluster.kill(leader)
+    killed = time.perf_counter()
+    with trio.fail_after(60):
+        attempt = 0
+        while True:
+            target = survivors[attempt % 2]
+            attempt += 1
+            try:
+                client = await Client.connect(cluster.control[target])
+                try:
+                    reply = await client.submit(f"failover-{trial}", 1, 0.2)
+                finally:
+                    await client.aclose()
+                if reply["ok"]:
+                    elapsed = time.perf_counter() - killed
+                    break
+            except (OSError, trio.BrokenResourceError):
+                await trio.sleep(0.01)
+    await cluster.start(leader)
+    await cluster.wait_agreed(60)
+    return elapsed
+
+
+@contextmanager
+def _workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="skulk-raft-bench-") as tmp:
+        yield Path(tmp)
+
+
+async def measure(system: str, settings: Settings) -> dict[str, Any]:
+    """Run every phase against a fresh three-replica cluster of ``system``."""
+    with _workdir() as root:
+        cluster = Cluster(system, root, settings)
+        try:
+            for name in NAMES:
+                await cluster.start(name)
+            leader = await cluster.wait_agreed(60)
+            await _sequential(cluster, leader, 20)  # warm-up
+            idle = await _sequential(cluster, leader, settings.sequential)
+            failures, elapsed, loaded = await _concurrent(cluster, leader, settings)
+            elections = [await _failover(cluster, t) for t in range(settings.trials)]
+        finally:
+            await cluster.reap()
+    timeout = settings.election_timeout
+    result: dict[str, Any] = {
+        "idle_commit_p50_ms": round(statistics.median(idle) * 1000, 2),
+        "idle_commit_p99_ms": round(_percentile(idle, 0.99) * 1000, 2),
+        "commit_p50_ms": round(statistics.median(loaded) * 1000, 2),
+        "commit_p99_ms": round(_percentile(loaded, 0.99) * 1000, 2),
+        "commits_per_s": round(len(loaded) / elapsed, 1),
+        "failed_submits": failures,
+    }
+    if elections:
+        result["election_p50_timeouts"] = round(statistics.median(elections) / timeout, 2)
+        result["election_p99_timeouts"] = round(_percentile(elections, 0.99) / timeout, 2)
+        result["election_p50_ms"] = round(statistics.median(elections) * 1000, 1)
+    return result
+
+
+def run(settings: Settings, *, baseline: bool = True) -> dict[str, object]:
+    ours = trio.run(measure, "skulk", settings)
+    theirs = trio.run(measure, "pysyncobj", settings) if baseline else None
+    result: dict[str, object] = {
+        "benchmark": "raft",
+        "replicas": 3,
+        "fsync": True,
+        "pysyncobj_fsync": settings.baseline_fsync,
+        "clients": settings.clients,
+        "duration_s": settings.duration,
+        "election_timeout_ms": round(settings.election_timeout * 1000, 1),
+        "trials": settings.trials,
+        **ours,
+    }
+    if theirs is not None:
+        result["throughput_ratio_vs_pysyncobj"] = round(
+            ours["commits_per_s"] / theirs["commits_per_s"], 3
+        )
+        result["commit_p50_ratio_vs_pysyncobj"] = round(
+            ours["commit_p50_ms"] / theirs["commit_p50_ms"], 3
+        )
+        result["idle_commit_p50_ratio_vs_pysyncobj"] = round(
+            ours["idle_commit_p50_ms"] / theirs["idle_commit_p50_ms"], 3
+        )
+        result["pysyncobj"] = theirs
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    theirs = result.get("pysyncobj", {})
+    rows = [("", "skulk", "pysyncobj")]
+    for key in (
+        "commits_per_s",
+        "commit_p50_ms",
+        "commit_p99_ms",
+        "idle_commit_p50_ms",
+        "idle_commit_p99_ms",
+        "election_p50_timeouts",
+        "election_p99_timeouts",
+    ):
+        rows.append((key, str(result.get(key, "-")), str(theirs.get(key, "-"))))
+    return "\n".join(f"{a:<24} {b:>10} {c:>10}" for a, b, c in rows)

@@ -1,0 +1,833 @@
+"""The Raft driver: a Trio actor around :class:`RaftCore`, durable storage and a transport.
+
+Usage (under a nursery)::
+
+    driver = RaftDriver("n1", voters=("n1", "n2", "n3"), machine=Counter(),
+                        open_storage=lambda: Storage.open(OsDisk(path)), transport=transport)
+    await nursery.start(driver.run)
+    result = await driver.submit(b"incr", client_id="api-1", seq=7, timeout=2.0)
+
+**Stepping and persisting.** The core is stepped synchronously (never across an ``await``) by
+whoever has an input: the task reading the transport (messages), the ticker (a :class:`Tick`
+every ``tick_seconds``; late ticks are dropped, which only lengthens timeouts), and submitters
+(proposals). Each :class:`Ready` is folded into the *open batch*. One persister task takes the
+batches in order: one ``storage.persist`` (one fsync, in a worker thread), *then* the batch's
+messages are sent, *then* its committed entries are applied and their submitters answered.
+While an fsync runs, steps go on and fill the next batch, so under load many commands share
+one fsync, and consecutive AppendRequests to a peer are folded into one message. A batch that
+only moves the commit index is not synced first (Raft keeps the commit index volatile; it is
+written with the next sync). A ready carrying a snapshot starts a batch of its own.
+
+**Submissions** work on every node: the leader proposes them; a follower forwards them to the
+leader over the transport, under the caller's deadline, retrying across leader changes and
+lost proposals until the deadline. Each command carries ``(client_id, seq)`` and the state
+machine is wrapped in :class:`Sessions`, so retries apply at most once. Errors are typed
+(:mod:`skulk.consensus._errors`).
+
+**Disk failures.** ``DiskFull``/``DiskError`` from storage discard the core (nothing of the
+failed batch or after it is sent or acknowledged), fail the waiting submitters with
+:class:`Unavailable`, report the node unhealthy (:meth:`RaftDriver.statistics`) and reopen
+storage with an exponential backoff; once it opens, a new core is built from what is on disk
+and the node rejoins. Any other exception from the core or the storage ends
+:meth:`RaftDriver.run` (let it crash: a supervisor restarts it; recovery is the same path as
+a process restart).
+
+Bounded: the open batch takes ``max_batch`` inputs (then steppers wait for the persister;
+messages back up into the transport's bounded inbox, which drops); at most ``max_pending``
+submissions wait on this node (beyond: :class:`Unavailable` ``overloaded``); every wait has the
+caller's deadline. A persist cannot be abandoned half-way: cancelling :meth:`RaftDriver.run`
+waits for the fsync in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol
+
+import attrs
+import trio
+
+from ._core import RaftConfig, RaftCore, Role
+from ._disk import DiskError, DiskFull
+from ._errors import (
+    NoQuorum,
+    NotLeader,
+    ProposalRefused,
+    SubmitTimeout,
+    Unavailable,
+    UnavailableReason,
+)
+from ._machine import S, Sessions, SessionState, StateMachine
+from ._transport import SubmitRequest, Transport
+from ._types import (
+    AppendReply,
+    AppendRequest,
+    Compact,
+    ConfChange,
+    ConfState,
+    Entry,
+    HardState,
+    Input,
+    Message,
+    NodeId,
+    Payload,
+    Propose,
+    ProposeConfChange,
+    Ready,
+    Receive,
+    Recovered,
+    Snapshot,
+    SnapshotMeta,
+    Tick,
+    TransferLeadership,
+)
+
+log = logging.getLogger("skulk.consensus.driver")
+
+
+class Storage(Protocol):
+    """What the driver needs of :class:`~skulk.consensus._storage.Storage`."""
+
+    def persist(
+        self,
+        *,
+        snapshot: Snapshot | None = None,
+        entries: Sequence[Entry] = (),
+        hard_state: HardState | None = None,
+        restore: bool = False,
+    ) -> None:
+        """Write and fsync (once); raises ``DiskFull`` / ``DiskError``. ``restore``: the
+        snapshot is a leader's (the whole log is replaced)."""
+        ...
+
+
+StorageOpener = Callable[[], tuple[Storage, Recovered]]
+"""Opens storage and recovers it (blocking I/O: the driver runs it in a worker thread)."""
+
+
+@attrs.frozen
+class DriverConfig:
+    """Timings and bounds of a :class:`RaftDriver` (times in seconds)."""
+
+    tick_seconds: float = 0.05
+    """Wall time of one core :class:`Tick` (election timeout = ``raft.election_ticks`` ticks)."""
+    raft: RaftConfig = RaftConfig()  # noqa: RUF009 - frozen, so sharing is safe
+    snapshot_every: int = 10_000
+    """Snapshot the state machine (and compact the log) every this many applied entries
+    (0: never)."""
+    max_batch: int = 1024
+    """Inputs folded into one batch at most."""
+    max_pending: int = 4096
+    """Submissions waiting for their commit on this node at most."""
+    retry_interval: float = 0.02
+    """Pause before retrying a submission that found no leader or a stale one."""
+    reopen_initial: float = 0.1
+    reopen_max: float = 5.0
+    """Backoff between attempts to reopen failed storage (doubling, capped)."""
+    max_sessions: int = 4096
+
+
+@attrs.frozen
+class DriverStatistics:
+    """A snapshot of a :class:`RaftDriver`. ``healthy`` is False while storage is failed
+    (``unavailable`` says why) or the driver is not running."""
+
+    node_id: NodeId
+    healthy: bool
+    unavailable: str | None
+    role: str | None
+    term: int
+    leader: NodeId | None
+    commit: int
+    applied: int
+    last_index: int
+    snapshot_index: int
+    #: core steps (inputs), batches the persister took, the most inputs in one batch
+    inputs: int
+    batches: int
+    largest_batch: int
+    persists: int
+    entries_persisted: int
+    #: wall time spent waiting for persists (fsyncs), seconds
+    persist_seconds: float
+    messages_sent: int
+    messages_received: int
+    proposals: int
+    forwards: int
+    pending: int
+    snapshots: int
+    disk_failures: int
+    reopen_attempts: int
+
+
+class RaftDriver(Generic[S]):
+    """One node's Raft: see the module doc. ``voters`` is the initial membership, used when
+    storage holds no snapshot (a new cluster: every node must be given the same voters); with
+    no voters, a node with empty storage joins an existing cluster (the leader adds it).
+    ``machine`` is wrapped in :class:`Sessions`; :attr:`state` is its current state."""
+
+    def __init__(
+        self,
+        node_id: NodeId,
+        *,
+        voters: Sequence[NodeId],
+        machine: StateMachine[S],
+        open_storage: StorageOpener,
+        transport: Transport,
+        config: DriverConfig = DriverConfig(),
+        rng: random.Random | None = None,
+    ) -> None:
+        if transport.node_id != node_id:
+            raise ValueError(f"transport of {transport.node_id!r} given to node {node_id!r}")
+        if not (math.isfinite(config.tick_seconds) and config.tick_seconds > 0):
+            raise ValueError(f"tick_seconds must be finite and > 0, not {config.tick_seconds}")
+        self.node_id = node_id
+        self._voters = tuple(sorted(set(voters)))
+        self._sessions = Sessions(machine, max_sessions=config.max_sessions)
+        self._open_storage = open_storage
+        self._transport = transport
+        self._config = config
+        self._rng = rng if rng is not None else random.Random()
+        self._state: SessionState[S] = self._sessions.initial()
+        self._core: RaftCore | None = None
+        self._storage: Storage | None = None
+        self._unavailable: UnavailableReason | None = UnavailableReason.STOPPED
+        self._started = self._running = False
+        self._waiters = WaiterTable()
+        self._changed = trio.Event()
+        self._seen: tuple[Role, NodeId | None, int] | None = None
+        self._queue: collections.deque[Batch] = collections.deque([Batch()])
+        self._work = trio.Event()  # the open batch got something
+        self._progress = trio.Event()  # the persister took a batch
+        self._generation = 0  # bumped when storage fails: batches of the old core are void
+        self._synced = HardState()  # the hard state on disk
+        self._carried: HardState | None = None  # a newer commit index, written with the next sync
+        self._applied = 0
+        self._compact_due = False
+        self._backoff = 0.0
+        self._persist_time = 0.0
+        self._batches = self._inputs = self._largest = self._persists = self._persisted = 0
+        self._sent = self._received = self._proposals = self._forwards = 0
+        self._snapshots = self._disk_failures = self._reopens = 0
+
+    # ---- public surface ----
+
+    @property
+    def state(self) -> S:
+        """The state machine's state after the last applied entry."""
+        return self._state.state
+
+    @property
+    def role(self) -> Role | None:
+        """This node's role (``None`` while storage is failed or the driver is stopped)."""
+        return self._core.role if self._core is not None else None
+
+    @property
+    def leader(self) -> NodeId | None:
+        """Who this node believes leads (``None``: nobody known)."""
+        return self._core.leader if self._core is not None else None
+
+    @property
+    def healthy(self) -> bool:
+        return self._unavailable is None
+
+    def statistics(self) -> DriverStatistics:
+        core = self._core
+        stats = core.statistics() if core is not None else None
+        return DriverStatistics(
+            node_id=self.node_id,
+            healthy=self._unavailable is None,
+            unavailable=self._unavailable.value if self._unavailable else None,
+            role=stats.role if stats else None,
+            term=stats.term if stats else 0,
+            leader=stats.leader if stats else None,
+            commit=stats.commit if stats else 0,
+            applied=self._applied,
+            last_index=stats.last_index if stats else 0,
+            snapshot_index=stats.snapshot_index if stats else 0,
+            inputs=self._inputs,
+            batches=self._batches,
+            largest_batch=self._largest,
+            persists=self._persists,
+            entries_persisted=self._persisted,
+            persist_seconds=self._persist_time,
+            messages_sent=self._sent,
+            messages_received=self._received,
+            proposals=self._proposals,
+            forwards=self._forwards,
+            pending=len(self._waiters),
+            snapshots=self._snapshots,
+            disk_failures=self._disk_failures,
+            reopen_attempts=self._reopens,
+        )
+
+    async def submit(
+        self,
+        command: bytes,
+        *,
+        client_id: str,
+        seq: int,
+        timeout: float,  # noqa: ASYNC109 - it travels with forwarded submissions
+        forward: bool = True,
+    ) -> bytes:
+        """Replicate ``command`` and return the state machine's result for it.
+
+        ``(client_id, seq)``: ``client_id`` is non-empty and stable across retries; ``seq``
+        grows with each new command of that client (``>= 1``); a retry reuses it and applies at
+        most once. Works on any node: a follower forwards to the leader (unless ``forward`` is
+        False: then :class:`NotLeader` on a non-leader). Waits at most ``timeout`` seconds.
+
+        Raises :class:`NoQuorum` (no reachable leader before the deadline),
+        :class:`SubmitTimeout` (a leader took it; no commit seen: outcome unknown),
+        :class:`Unavailable` (this node's storage failed, it is stopped, or overloaded) and
+        :class:`NotLeader` (``forward=False`` only).
+        """
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be finite and > 0, not {timeout!r}")
+        if not client_id or seq < 1:
+            raise ValueError("a submission needs a client_id and a seq >= 1")
+        request = SubmitRequest(command, client_id, seq, 0)
+        return await self._submit(request, trio.current_time() + timeout, forward, timeout)
+
+    async def wait_leader(self, timeout: float) -> NodeId:  # noqa: ASYNC109
+        """The leader, once one is known (waits at most ``timeout`` s; :class:`NoQuorum`)."""
+        with trio.move_on_after(timeout):
+            while self.leader is None:
+                await self._changed.wait()
+            assert self.leader is not None
+            return self.leader
+        raise NoQuorum(f"no leader known to {self.node_id} within {timeout} s")
+
+    async def transfer_leadership(self, *, timeout: float = 2.0) -> NodeId | None:  # noqa: ASYNC109
+        """If this node leads, hand leadership to the most up-to-date other voter (graceful
+        shutdown) and wait up to ``timeout`` s for another node to lead. Returns the leader
+        then known (``None``, or this node, if the handover did not happen in time)."""
+        core = self._core
+        if core is None or core.role is not Role.LEADER:
+            return self.leader
+
+        def match(peer: NodeId) -> int:
+            progress = core.progress(peer)
+            return progress.match if progress is not None else -1
+
+        others = [v for v in core.conf.voters if v != self.node_id]
+        target = max(others, key=lambda p: (match(p), p), default=None)
+        if target is None:
+            return self.leader
+        try:
+            self._step(core, TransferLeadership(target))
+        except (NotLeader, ProposalRefused) as exc:
+            log.info("raft %s: no leadership transfer to %s: %s", self.node_id, target, exc)
+            return self.leader
+        with trio.move_on_after(timeout):
+            while self._core is not None and self.leader in (None, self.node_id):
+                await self._changed.wait()
+        return self.leader
+
+    @property
+    def conf(self) -> ConfState | None:
+        """The effective membership (``None`` while storage is failed or stopped)."""
+        return self._core.conf if self._core is not None else None
+
+    def caught_up(self, peer: NodeId) -> bool:
+        """On the leader: whether ``peer``'s log is close enough to ours to promote it."""
+        core = self._core
+        progress = core.progress(peer) if core is not None else None
+        if core is None or progress is None:
+            return False
+        return progress.match + core.config.learner_catchup_entries >= core.last_index
+
+    def propose_conf_change(self, change: ConfChange) -> None:
+        """On the leader: append one membership change (it takes effect once appended; see
+        ``specs/consensus.md`` §6). Raises :class:`NotLeader` elsewhere, and
+        :class:`~skulk.consensus.ProposalRefused` when the leader cannot take it now."""
+        core = self._core
+        if core is None:
+            raise Unavailable(self._unavailable or UnavailableReason.STOPPED)
+        self._step(core, ProposeConfChange(change))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the node until cancelled; started once storage was opened (or failed to open:
+        then it keeps retrying, unhealthy). A driver runs once."""
+        if self._started:
+            raise RuntimeError("a RaftDriver runs once")
+        self._started = self._running = True
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._recover(attempts=1)
+                nursery.start_soon(self._read_messages)
+                nursery.start_soon(self._persister)
+                self._transport.serve_submissions(self._serve_forwarded)
+                task_status.started()
+                await self._tick_loop()
+        finally:
+            self._running = False
+            self._unavailable = UnavailableReason.STOPPED
+            self._transport.serve_submissions(None)
+            self._core = None
+            self._waiters.fail_all(Unavailable(UnavailableReason.STOPPED))
+            self._note_change()
+
+    # ---- submissions ----
+
+    async def _serve_forwarded(self, request: SubmitRequest, deadline: float) -> bytes:
+        timeout = max(deadline - trio.current_time(), 1e-6)
+        return await self._submit(request, deadline, False, timeout)
+
+    async def _submit(
+        self,
+        request: SubmitRequest,
+        deadline: float,
+        forward: bool,
+        timeout: float,  # noqa: ASYNC109 - for the error message only
+    ) -> bytes:
+        reached = False  # a leader took (or may have taken) the command
+        seen = "no leader"
+        while True:
+            if not self._running or self._unavailable is not None or self._core is None:
+                raise Unavailable(self._unavailable or UnavailableReason.STOPPED)
+            if trio.current_time() >= deadline:
+                raise SubmitTimeout(timeout) if reached else NoQuorum(seen)
+            core = self._core
+            pause = self._config.retry_interval
+            if core.role is Role.LEADER:
+                reached = True
+                proposed = await self._propose(core, request, deadline)
+                if not isinstance(proposed, Retry):
+                    return proposed
+                pause = proposed.pause
+            elif core.leader is not None and core.leader != self.node_id:
+                if not forward:
+                    raise NotLeader(core.leader)
+                reached, result, seen = await self._forward(core.leader, request, deadline, reached)
+                if result is not None:
+                    return result
+            elif not forward:
+                raise NotLeader(None)
+            with trio.move_on_at(min(deadline, trio.current_time() + pause)):
+                await self._changed.wait()
+
+    async def _forward(
+        self, leader: NodeId, request: SubmitRequest, deadline: float, reached: bool
+    ) -> tuple[bool, bytes | None, str]:
+        """One forwarding attempt: (reached a leader?, result or None to retry, last seen)."""
+        self._forwards += 1
+        try:
+            return True, await self._transport.forward(leader, request, deadline), ""
+        except SubmitTimeout:
+            return True, None, f"{leader} did not answer"
+        except NotLeader as exc:
+            return reached, None, f"{leader} does not lead (hint: {exc.leader})"
+        except (NoQuorum, Unavailable) as exc:
+            return reached, None, str(exc)
+        except Exception as exc:  # ForwardFailed and friends: the peer cannot be reached now
+            return reached, None, f"{leader} unreachable: {exc}"
+
+    async def _propose(
+        self, core: RaftCore, request: SubmitRequest, deadline: float
+    ) -> bytes | Retry:
+        if len(self._waiters) >= self._config.max_pending:
+            raise Unavailable(UnavailableReason.OVERLOADED, f"{len(self._waiters)} pending")
+        waiter = Waiter()
+        self._waiters.add(waiter)
+        try:
+            with trio.move_on_at(deadline):
+                if not await self._admit(core):
+                    return Retry(0.0)
+                proposal = Propose(request.command, request.client_id, request.seq)
+                try:
+                    ready = self._step(core, proposal)
+                except NotLeader:
+                    return Retry(0.0)
+                except ProposalRefused:  # a transfer or conf change under way: try again soon
+                    return Retry(self._config.retry_interval)
+                self._proposals += 1
+                if ready.proposed is not None:
+                    self._waiters.place(waiter, ready.proposed.index, ready.proposed.term)
+                await waiter.event.wait()
+            if not waiter.event.is_set():
+                return Retry(0.0)  # the deadline: the caller's loop raises
+            if isinstance(waiter.outcome, Exception):
+                raise waiter.outcome
+            assert waiter.outcome is not None
+            return waiter.outcome
+        finally:
+            self._waiters.discard(waiter)
+
+    def _note_change(self) -> None:
+        core = self._core
+        seen = (core.role, core.leader, core.term) if core is not None else None
+        if seen == self._seen:
+            return
+        old = self._seen
+        if (
+            old is not None
+            and old[0] is Role.LEADER
+            and (seen is None or seen[0] is not Role.LEADER or seen[2] != old[2])
+        ):
+            # Our proposals may or may not commit under the next leader: retry them there
+            # (sessions make a second copy harmless).
+            self._waiters.retry_all()
+        self._seen = seen
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # ---- stepping ----
+
+    async def _admit(self, core: RaftCore) -> bool:
+        """Wait while the open batch is full; False if ``core`` was discarded meanwhile."""
+        while self._queue[-1].inputs >= self._config.max_batch and self._core is core:
+            await self._progress.wait()
+        return self._core is core
+
+    def _step(self, core: RaftCore, inp: Input) -> Ready:
+        """Step ``core`` and fold the ready into the open batch (never awaits).
+
+        With two voters or more, committed entries are applied here, before this node's own
+        persist: an entry is committed only once a majority holds it durably -- a follower
+        acknowledges an entry only after persisting it, and it can only have it after the
+        leader's persist (messages go out after their batch's), and the commit index a
+        follower learns is the leader's. A lone voter commits on its own append, so there
+        they wait for the persist, as :class:`Ready` says."""
+        ready = core.step(inp)
+        self._inputs += 1
+        early = len(core.conf.voters) > 1
+        batch = self._queue[-1]
+        if not batch.add(ready, early):  # a snapshot starts a batch of its own
+            batch = Batch()
+            batch.add(ready, early)
+            self._queue.append(batch)
+        batch.inputs += 1
+        if early:
+            self._apply_ready(ready.snapshot if ready.restore else None, ready.committed)
+        self._work.set()
+        self._note_change()
+        return ready
+
+    async def _read_messages(self) -> None:
+        async for message in self._transport.inbound:
+            core = self._core
+            if core is None or not await self._admit(core):
+                continue  # storage failed: drop it (the sender retries)
+            self._received += 1
+            self._step(core, Receive(message))
+
+    async def _tick_loop(self) -> None:
+        tick = self._config.tick_seconds
+        next_tick = trio.current_time() + tick
+        while True:
+            core = self._core
+            if core is None:
+                await self._recover()
+                next_tick = trio.current_time() + tick
+                continue
+            await trio.sleep_until(next_tick)
+            if self._core is not core:
+                continue
+            next_tick = max(next_tick + tick, trio.current_time())
+            self._step(core, Tick())
+            if self._compact_due:
+                self._compact_due = False
+                self._snapshots += 1
+                self._step(core, Compact(self._applied, self._sessions.snapshot(self._state)))
+
+    # ---- persisting, sending, applying ----
+
+    async def _persister(self) -> None:
+        """Take the oldest batch; persist it if it needs a sync; then send its messages and
+        apply its committed entries. Steps go on meanwhile and fill the next batch."""
+        while True:
+            while self._queue[0].empty():
+                await self._work.wait()
+                self._work = trio.Event()
+            batch = self._queue.popleft()
+            if not self._queue:
+                self._queue.append(Batch())
+            self._batches += 1
+            self._largest = max(self._largest, batch.inputs)
+            await self._flush(batch)
+            self._progress.set()
+            self._progress = trio.Event()
+
+    async def _flush(self, batch: Batch) -> None:
+        storage, generation = self._storage, self._generation
+        assert storage is not None
+        hard_state = batch.hard_state
+        if batch.needs_sync(self._synced):
+            hard_state = hard_state or self._carried
+            persist = functools.partial(
+                storage.persist,
+                snapshot=batch.snapshot,
+                entries=tuple(batch.entries),
+                hard_state=hard_state,
+                restore=batch.restore,
+            )
+            started = trio.current_time()
+            try:
+                await trio.to_thread.run_sync(persist)
+            except DiskFull as exc:
+                self._degrade(UnavailableReason.DISK_FULL, exc)
+                return
+            except DiskError as exc:
+                self._degrade(UnavailableReason.DISK_ERROR, exc)
+                return
+            self._persist_time += trio.current_time() - started
+            self._persists += 1
+            self._persisted += len(batch.entries)
+            self._backoff = 0.0
+            self._synced = hard_state or self._synced
+            self._carried = None
+        elif hard_state is not None:
+            self._carried = hard_state  # only the commit index moved: no fsync needed first
+        if generation != self._generation:  # pragma: no cover - degraded meanwhile
+            return
+        for message in batch.messages:
+            self._transport.send(message)
+        self._sent += len(batch.messages)
+        self._apply_ready(batch.restored, batch.committed)
+
+    def _apply_ready(self, restored: Snapshot | None, entries: Sequence[Entry]) -> None:
+        """Restore the state machine from ``restored`` (if any), then apply ``entries``."""
+        if restored is not None:
+            self._state = self._sessions.restore(restored.data)
+            self._applied = restored.meta.index
+            self._waiters.retry_through(self._applied)
+        if entries:
+            self._state, results = self._sessions.apply_all(self._state, entries)
+            for entry, result in zip(entries, results, strict=True):
+                self._waiters.committed(entry.index, entry.term, result)
+            self._applied = entries[-1].index
+        core, every = self._core, self._config.snapshot_every
+        if core is not None and every > 0 and self._applied - core.first_index + 1 >= every:
+            self._compact_due = True
+
+    # ---- storage failure and recovery ----
+
+    def _degrade(self, reason: UnavailableReason, exc: BaseException) -> None:
+        self._disk_failures += 1
+        log.warning("raft %s: storage failed (%s): %s; reopening", self.node_id, reason.value, exc)
+        self._core = None
+        self._storage = None
+        self._generation += 1
+        self._queue = collections.deque([Batch()])
+        self._unavailable = reason
+        self._back_off()
+        self._waiters.fail_all(Unavailable(reason, str(exc)[:200]))
+        self._progress.set()  # steppers waiting for room see the core gone
+        self._progress = trio.Event()
+        self._note_change()
+
+    async def _recover(self, attempts: float = math.inf) -> None:
+        """Open storage and build a core from it, retrying with backoff (at most ``attempts``
+        times). Meanwhile messages are dropped and submissions fail ``unavailable``."""
+        while attempts > 0:
+            attempts -= 1
+            await trio.sleep(self._backoff)
+            self._reopens += 1
+            try:
+                storage, recovered = await trio.to_thread.run_sync(self._open_storage)
+                await self._start(storage, recovered)
+                return
+            except DiskFull as exc:
+                self._unavailable = UnavailableReason.DISK_FULL
+                log.warning("raft %s: storage does not open: %s", self.node_id, exc)
+            except DiskError as exc:
+                self._unavailable = UnavailableReason.DISK_ERROR
+                log.warning("raft %s: storage does not open: %s", self.node_id, exc)
+            self._back_off()
+
+    def _back_off(self) -> None:
+        """Double the pause before the next reopen (a persist that succeeds resets it)."""
+        config = self._config
+        self._backoff = min(max(self._backoff * 2, config.reopen_initial), config.reopen_max)
+
+    async def _start(self, storage: Storage, recovered: Recovered) -> None:
+        if recovered.snapshot is None and self._voters:
+            # A new cluster: its initial membership and empty state, made durable at once so
+            # that a later start with other arguments cannot change them.
+            meta = SnapshotMeta(0, 0, ConfState(self._voters))
+            image = self._sessions.snapshot(self._sessions.initial())
+            boot = Snapshot(meta, image)
+            await trio.to_thread.run_sync(functools.partial(storage.persist, snapshot=boot))
+            recovered = attrs.evolve(recovered, snapshot=boot)
+        # Without voters and a snapshot, this node joins a running cluster: it waits, empty,
+        # until the leader adds it and sends it a snapshot.
+        core = RaftCore(self.node_id, self._config.raft, self._rng, recovered)
+        ready = core.initial_ready()
+        self._state, self._applied = self._sessions.initial(), 0
+        self._core, self._storage, self._unavailable = core, storage, None
+        self._apply_ready(ready.snapshot if ready.restore else None, ready.committed)
+        self._synced, self._carried = recovered.hard_state, ready.hard_state
+        self._note_change()
+        log.info("raft %s: started at term %d, commit %d", self.node_id, core.term, core.commit)
+
+
+# ---- the loop's bookkeeping ---------------------------------------------------------------
+
+
+@attrs.frozen
+class Retry:
+    """A proposal's fate is unknown or it was refused: submit it again after ``pause`` s."""
+
+    pause: float
+
+
+@attrs.define(eq=False)
+class Waiter:
+    """One submission (or transfer) waiting for the loop; finished exactly once."""
+
+    event: trio.Event = attrs.Factory(trio.Event)
+    outcome: bytes | Retry | Exception | None = None
+    abandoned: bool = False
+    index: int = 0
+    term: int = 0
+
+    def finish(self, outcome: bytes | Retry | Exception) -> None:
+        if not self.event.is_set():
+            self.outcome = outcome
+            self.event.set()
+
+
+class WaiterTable:
+    """The submissions waiting on this node, and those placed in the log by index."""
+
+    def __init__(self) -> None:
+        self._all: set[Waiter] = set()
+        self._at: dict[int, list[Waiter]] = {}
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def add(self, waiter: Waiter) -> None:
+        self._all.add(waiter)
+
+    def discard(self, waiter: Waiter) -> None:
+        self._all.discard(waiter)
+        placed = self._at.get(waiter.index)
+        if placed is not None and waiter in placed:
+            placed.remove(waiter)
+            if not placed:
+                del self._at[waiter.index]
+
+    def place(self, waiter: Waiter, index: int, term: int) -> None:
+        waiter.index, waiter.term = index, term
+        self._at.setdefault(index, []).append(waiter)
+
+    def committed(self, index: int, term: int, result: bytes) -> None:
+        """The entry at ``index`` was applied: its own waiters get ``result``; a waiter whose
+        proposal sat there in another term lost it (retry)."""
+        for waiter in self._at.pop(index, ()):
+            waiter.finish(result if waiter.term == term else Retry(0.0))
+
+    def retry_through(self, index: int) -> None:
+        """A snapshot replaced the log through ``index``: those proposals' fate is unknown."""
+        for at in [i for i in self._at if i <= index]:
+            for waiter in self._at.pop(at):
+                waiter.finish(Retry(0.0))
+
+    def retry_all(self) -> None:
+        for waiter in self._all:
+            waiter.finish(Retry(0.0))
+
+    def fail_all(self, error: Exception) -> None:
+        for waiter in self._all:
+            waiter.finish(error)
+
+
+class Batch:
+    """Readies folded into one persist: their writes in order (a later entry at an index
+    already in the batch truncates from there), their messages and committed entries. A
+    ready carrying a snapshot only starts a batch (:meth:`add` refuses it otherwise)."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+        self.restore = False
+        self.entries: list[Entry] = []
+        self.hard_state: HardState | None = None
+        self.messages: list[Message] = []
+        self.committed: list[Entry] = []
+        self.inputs = 0
+        self.applied_early = False
+        self._last_to: dict[NodeId, int] = {}  # position of the last message to each peer
+
+    def empty(self) -> bool:
+        return not (
+            self.snapshot or self.entries or self.hard_state or self.messages or self.committed
+        )
+
+    def needs_sync(self, synced: HardState) -> bool:
+        """Whether this batch must be on disk before its messages go out: it writes the log,
+        or changes the term or vote (a commit index alone need not be synced first)."""
+        hs = self.hard_state
+        return (
+            self.snapshot is not None
+            or bool(self.entries)
+            or (hs is not None and (hs.term, hs.vote) != (synced.term, synced.vote))
+        )
+
+    @property
+    def restored(self) -> Snapshot | None:
+        """The snapshot to restore the state machine from once persisted (``None``: none,
+        or it was restored when stepped)."""
+        return self.snapshot if self.restore and not self.applied_early else None
+
+    def add(self, ready: Ready, early: bool = False) -> bool:
+        """Fold ``ready`` in (``early``: its restore and committed entries were applied when
+        stepped, so the batch keeps only its writes and messages)."""
+        if ready.snapshot is not None:
+            if not self.empty():
+                return False
+            self.snapshot, self.restore = ready.snapshot, ready.restore
+            self.applied_early = early
+        if ready.entries:
+            first = ready.entries[0].index
+            if self.entries and first <= self.entries[-1].index:
+                del self.entries[max(0, first - self.entries[0].index) :]
+            self.entries.extend(ready.entries)
+        if ready.hard_state is not None:
+            self.hard_state = ready.hard_state
+        for message in ready.messages:
+            self._send(message)
+        if not early:
+            self.committed.extend(ready.committed)
+        return True
+
+    def _send(self, message: Message) -> None:
+        """Queue ``message``, folded into the previous message to the same peer when that says
+        the same and more: consecutive AppendRequests of one term become one, and a successful
+        AppendReply replaces an earlier one (acknowledging index n acknowledges all below)."""
+        at = self._last_to.get(message.dst)
+        if at is not None:
+            merged = _coalesce(self.messages[at].payload, message.payload)
+            if merged is not None:
+                self.messages[at] = Message(message.src, message.dst, merged)
+                return
+        self._last_to[message.dst] = len(self.messages)
+        self.messages.append(message)
+
+
+MAX_COALESCED_ENTRIES = 1024
+
+
+def _coalesce(first: Payload, second: Payload) -> Payload | None:
+    """One payload saying what ``first`` then ``second`` say, or ``None``."""
+    if isinstance(first, AppendRequest) and isinstance(second, AppendRequest):
+        last_term = first.entries[-1].term if first.entries else first.prev_term
+        if (
+            first.term == second.term
+            and second.prev_index == first.prev_index + len(first.entries)
+            and second.prev_term == last_term
+            and len(first.entries) + len(second.entries) <= MAX_COALESCED_ENTRIES
+        ):
+            commit = max(first.commit, second.commit)
+            entries = first.entries + second.entries
+            return AppendRequest(first.term, first.prev_index, first.prev_term, entries, commit)
+    if isinstance(first, AppendReply) and isinstance(second, AppendReply):
+        if first.success and second.success and first.term == second.term:
+            return second if second.index >= first.index else first
+    return None

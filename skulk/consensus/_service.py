@@ -1,0 +1,186 @@
+"""Consensus in a live node: the Raft driver over the federation mesh, plus the leader's duties.
+
+``python -m skulk serve`` runs one :class:`ConsensusService`::
+
+    consensus = ConsensusService(node_id, mesh, data_dir, founder=not join_urls)
+    mesh = Mesh(..., rpc_handler=consensus.handle_rpc)   # forwarded submissions
+    await nursery.start(consensus.run)
+    ...
+    await consensus.step_down()                           # graceful shutdown
+
+* **Storage** is ``data_dir`` (``$SKULK_HOME/raft``) on the real disk, fsync on.
+* **Bootstrap.** A *founder* (a node started without ``--join``) whose storage is empty starts a
+  new cluster with itself as the only voter. Any other node with empty storage waits, empty,
+  until the leader adds it. A node with data resumes as the member it was, whatever its flags.
+* **Leader duties** run while this node leads: every ``duty_interval`` seconds the leader adds
+  linked nodes that are not members as learners and promotes caught-up learners, up to an odd
+  number of voters (:mod:`skulk.consensus._membership`). Nodes are never removed automatically.
+* **Graceful shutdown** (:meth:`step_down`) hands leadership to the most up-to-date voter, so the
+  cluster does not wait an election timeout for a new leader.
+
+The replicated state machine is :class:`Registry`, a key-value map; the cluster state of the
+placement layer will replace it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import trio
+
+from skulk.federation import Mesh, PeerState, RpcFailed
+
+from ._core import ProposalRefused, Role
+from ._driver import DriverConfig, RaftDriver
+from ._errors import ConsensusError
+from ._machine import pack, unpack_as
+from ._membership import DEFAULT_MAX_VOTERS, next_change
+from ._osdisk import OsDisk
+from ._storage import Storage
+from ._transport import SUBMIT_METHOD, MeshTransport
+from ._types import Entry, EntryKind, NodeId, Recovered
+
+log = logging.getLogger("skulk.consensus")
+
+JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+
+
+@attrs.frozen
+class RegistryState:
+    values: Mapping[str, bytes] = attrs.field(factory=dict)
+
+
+class Registry:
+    """A replicated key-value map. A command is ``pack([key, value])``: set ``key`` to
+    ``value`` (``None`` deletes it); its result is ``b"ok"``, or ``b"bad_command"`` for bytes
+    that are not such a pair (applied as a no-op, identically on every replica)."""
+
+    def initial(self) -> RegistryState:
+        return RegistryState()
+
+    def apply(self, state: RegistryState, entry: Entry) -> tuple[RegistryState, bytes]:
+        if entry.kind is not EntryKind.COMMAND:
+            return state, b""
+        try:
+            pair = unpack_as(entry.data, list, max_size=1024 * 1024)
+        except ConsensusError:
+            return state, b"bad_command"
+        if len(pair) != 2 or not isinstance(pair[0], str):
+            return state, b"bad_command"
+        key, value = pair
+        values = dict(state.values)
+        if value is None:
+            values.pop(key, None)
+        elif isinstance(value, bytes):
+            values[key] = value
+        else:
+            return state, b"bad_command"
+        return RegistryState(values), b"ok"
+
+    def snapshot(self, state: RegistryState) -> bytes:
+        return pack(dict(sorted(state.values.items())))
+
+    def restore(self, data: bytes) -> RegistryState:
+        values = unpack_as(data, dict)
+        if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in values.items()):
+            raise ConsensusError("a registry image maps str to bytes")
+        return RegistryState(values)
+
+
+class ConsensusService:
+    """See the module doc."""
+
+    def __init__(
+        self,
+        node_id: NodeId,
+        mesh: Mesh,
+        data_dir: Path,
+        *,
+        founder: bool,
+        config: DriverConfig = DriverConfig(),  # noqa: B008 - frozen
+        duty_interval: float = 0.25,
+        max_voters: int = DEFAULT_MAX_VOTERS,
+    ) -> None:
+        self.node_id = node_id
+        self._mesh = mesh
+        self._data_dir = data_dir
+        self._duty_interval = duty_interval
+        self._max_voters = max_voters
+        self.transport = MeshTransport(mesh)
+        self.driver: RaftDriver[RegistryState] = RaftDriver(
+            node_id,
+            voters=(node_id,) if founder else (),
+            machine=Registry(),
+            open_storage=self._open_storage,
+            transport=self.transport,
+            config=config,
+        )
+
+    def _open_storage(self) -> tuple[Storage, Recovered]:
+        return Storage.open(OsDisk(self._data_dir))
+
+    async def handle_rpc(self, method: str, body: bytes) -> bytes:
+        """The mesh's rpc handler: forwarded submissions (other methods: unknown)."""
+        if method != SUBMIT_METHOD:
+            raise RpcFailed("no_handler", f"unknown method {method!r}")
+        return await self.transport.handle_rpc(method, body)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.transport.run)
+            await nursery.start(self.driver.run)
+            nursery.start_soon(self._leader_duties)
+            task_status.started()
+
+    async def step_down(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109
+        """If this node leads, hand leadership over (bounded by ``timeout`` seconds)."""
+        if self.driver.role is Role.LEADER:
+            new = await self.driver.transfer_leadership(timeout=timeout)
+            log.info("raft %s: leadership handed to %s", self.node_id, new)
+
+    def linked_peers(self) -> set[NodeId]:
+        return {
+            view.peer_id
+            for view in self._mesh.links()
+            if view.peer_id is not None and view.state is PeerState.UP
+        }
+
+    async def _leader_duties(self) -> None:
+        while True:
+            await trio.sleep(self._duty_interval)
+            conf = self.driver.conf
+            if self.driver.role is not Role.LEADER or conf is None:
+                continue
+            change = next_change(
+                conf, self.linked_peers(), self.driver.caught_up, max_voters=self._max_voters
+            )
+            if change is None:
+                continue
+            try:
+                self.driver.propose_conf_change(change)
+            except (ConsensusError, ProposalRefused) as exc:
+                log.debug("raft %s: %s not proposed: %s", self.node_id, change, exc)
+            else:
+                log.info("raft %s: proposed %s %s", self.node_id, change.op, change.node)
+
+    def status_json(self) -> dict[str, JsonValue]:
+        """The body of ``GET /v1/cluster/raft``."""
+        stats = self.driver.statistics()
+        conf = self.driver.conf
+        return {
+            "node_id": self.node_id,
+            "healthy": stats.healthy,
+            "unavailable": stats.unavailable,
+            "role": stats.role,
+            "term": stats.term,
+            "leader": stats.leader,
+            "commit": stats.commit,
+            "applied": stats.applied,
+            "last_index": stats.last_index,
+            "snapshot_index": stats.snapshot_index,
+            "voters": list(conf.voters) if conf else [],
+            "learners": list(conf.learners) if conf else [],
+        }

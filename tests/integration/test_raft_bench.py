@@ -1,0 +1,54 @@
+"""``python -m skulk.bench raft`` end to end with tiny counts: three replica processes on
+loopback per system, fsync on. Checks the shape of the result, not the numbers (timing is for
+benchmarks, not tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+TINY = ("--clients", "4", "--duration", "0.5", "--sequential", "5", "--trials", "1")
+KEYS = (
+    "commit_p50_ms",
+    "commit_p99_ms",
+    "commits_per_s",
+    "idle_commit_p50_ms",
+    "election_p50_timeouts",
+    "election_p99_timeouts",
+)
+
+
+def bench(*args: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-m", "skulk.bench", "raft", "--json", *TINY, *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    value = json.loads(result.stdout)
+    assert isinstance(value, dict)
+    return value
+
+
+def test_raft_bench_runs_our_cluster() -> None:
+    result = bench("--no-baseline")
+    for key in KEYS:
+        value = result[key]
+        assert isinstance(value, int | float) and value > 0, key
+    assert result["failed_submits"] == 0
+    assert "pysyncobj" not in result
+
+
+def test_raft_bench_compares_with_pysyncobj() -> None:
+    pytest.importorskip("pysyncobj")
+    result = bench()
+    baseline = result["pysyncobj"]
+    assert isinstance(baseline, dict)
+    for key in KEYS:
+        assert isinstance(baseline[key], int | float) and baseline[key] > 0, key
+    ratio = result["throughput_ratio_vs_pysyncobj"]
+    assert isinstance(ratio, float) and ratio > 0
