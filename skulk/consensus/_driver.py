@@ -46,14 +46,18 @@ import functools
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
-from typing import Generic, Protocol
+from collections.abc import Sequence
+from typing import Generic
 
 import attrs
 import trio
 
-from ._core import RaftConfig, RaftCore, Role
+from ._batch import Batch, Retry, Waiter, WaiterTable
+from ._core import RaftCore, Role
 from ._disk import DiskError, DiskFull
+from ._driverconfig import DriverConfig as DriverConfig
+from ._driverconfig import DriverStatistics as DriverStatistics
+from ._driverconfig import Storage, StorageOpener
 from ._errors import (
     NoQuorum,
     NotLeader,
@@ -65,17 +69,13 @@ from ._errors import (
 from ._machine import S, Sessions, SessionState, StateMachine
 from ._transport import SubmitRequest, Transport
 from ._types import (
-    AppendReply,
-    AppendRequest,
     Compact,
     ConfChange,
     ConfState,
     Entry,
     HardState,
     Input,
-    Message,
     NodeId,
-    Payload,
     Propose,
     ProposeConfChange,
     Ready,
@@ -88,81 +88,6 @@ from ._types import (
 )
 
 log = logging.getLogger("skulk.consensus.driver")
-
-
-class Storage(Protocol):
-    """What the driver needs of :class:`~skulk.consensus._storage.Storage`."""
-
-    def persist(
-        self,
-        *,
-        snapshot: Snapshot | None = None,
-        entries: Sequence[Entry] = (),
-        hard_state: HardState | None = None,
-        restore: bool = False,
-    ) -> None:
-        """Write and fsync (once); raises ``DiskFull`` / ``DiskError``. ``restore``: the
-        snapshot is a leader's (the whole log is replaced)."""
-        ...
-
-
-StorageOpener = Callable[[], tuple[Storage, Recovered]]
-"""Opens storage and recovers it (blocking I/O: the driver runs it in a worker thread)."""
-
-
-@attrs.frozen
-class DriverConfig:
-    """Timings and bounds of a :class:`RaftDriver` (times in seconds)."""
-
-    tick_seconds: float = 0.05
-    """Wall time of one core :class:`Tick` (election timeout = ``raft.election_ticks`` ticks)."""
-    raft: RaftConfig = RaftConfig()  # noqa: RUF009 - frozen, so sharing is safe
-    snapshot_every: int = 10_000
-    """Snapshot the state machine (and compact the log) every this many applied entries
-    (0: never)."""
-    max_batch: int = 1024
-    """Inputs folded into one batch at most."""
-    max_pending: int = 4096
-    """Submissions waiting for their commit on this node at most."""
-    retry_interval: float = 0.02
-    """Pause before retrying a submission that found no leader or a stale one."""
-    reopen_initial: float = 0.1
-    reopen_max: float = 5.0
-    """Backoff between attempts to reopen failed storage (doubling, capped)."""
-    max_sessions: int = 4096
-
-
-@attrs.frozen
-class DriverStatistics:
-    """A snapshot of a :class:`RaftDriver`. ``healthy`` is False while storage is failed
-    (``unavailable`` says why) or the driver is not running."""
-
-    node_id: NodeId
-    healthy: bool
-    unavailable: str | None
-    role: str | None
-    term: int
-    leader: NodeId | None
-    commit: int
-    applied: int
-    last_index: int
-    snapshot_index: int
-    #: core steps (inputs), batches the persister took, the most inputs in one batch
-    inputs: int
-    batches: int
-    largest_batch: int
-    persists: int
-    entries_persisted: int
-    #: wall time spent waiting for persists (fsyncs), seconds
-    persist_seconds: float
-    messages_sent: int
-    messages_received: int
-    proposals: int
-    forwards: int
-    pending: int
-    snapshots: int
-    disk_failures: int
-    reopen_attempts: int
 
 
 class RaftDriver(Generic[S]):
@@ -179,7 +104,7 @@ class RaftDriver(Generic[S]):
         machine: StateMachine[S],
         open_storage: StorageOpener,
         transport: Transport,
-        config: DriverConfig = DriverConfig(),
+        config: DriverConfig = DriverConfig(),  # noqa: B008 - frozen, so sharing is safe
         rng: random.Random | None = None,
     ) -> None:
         if transport.node_id != node_id:
@@ -665,169 +590,3 @@ class RaftDriver(Generic[S]):
         self._synced, self._carried = recovered.hard_state, ready.hard_state
         self._note_change()
         log.info("raft %s: started at term %d, commit %d", self.node_id, core.term, core.commit)
-
-
-# ---- the loop's bookkeeping ---------------------------------------------------------------
-
-
-@attrs.frozen
-class Retry:
-    """A proposal's fate is unknown or it was refused: submit it again after ``pause`` s."""
-
-    pause: float
-
-
-@attrs.define(eq=False)
-class Waiter:
-    """One submission (or transfer) waiting for the loop; finished exactly once."""
-
-    event: trio.Event = attrs.Factory(trio.Event)
-    outcome: bytes | Retry | Exception | None = None
-    abandoned: bool = False
-    index: int = 0
-    term: int = 0
-
-    def finish(self, outcome: bytes | Retry | Exception) -> None:
-        if not self.event.is_set():
-            self.outcome = outcome
-            self.event.set()
-
-
-class WaiterTable:
-    """The submissions waiting on this node, and those placed in the log by index."""
-
-    def __init__(self) -> None:
-        self._all: set[Waiter] = set()
-        self._at: dict[int, list[Waiter]] = {}
-
-    def __len__(self) -> int:
-        return len(self._all)
-
-    def add(self, waiter: Waiter) -> None:
-        self._all.add(waiter)
-
-    def discard(self, waiter: Waiter) -> None:
-        self._all.discard(waiter)
-        placed = self._at.get(waiter.index)
-        if placed is not None and waiter in placed:
-            placed.remove(waiter)
-            if not placed:
-                del self._at[waiter.index]
-
-    def place(self, waiter: Waiter, index: int, term: int) -> None:
-        waiter.index, waiter.term = index, term
-        self._at.setdefault(index, []).append(waiter)
-
-    def committed(self, index: int, term: int, result: bytes) -> None:
-        """The entry at ``index`` was applied: its own waiters get ``result``; a waiter whose
-        proposal sat there in another term lost it (retry)."""
-        for waiter in self._at.pop(index, ()):
-            waiter.finish(result if waiter.term == term else Retry(0.0))
-
-    def retry_through(self, index: int) -> None:
-        """A snapshot replaced the log through ``index``: those proposals' fate is unknown."""
-        for at in [i for i in self._at if i <= index]:
-            for waiter in self._at.pop(at):
-                waiter.finish(Retry(0.0))
-
-    def retry_all(self) -> None:
-        for waiter in self._all:
-            waiter.finish(Retry(0.0))
-
-    def fail_all(self, error: Exception) -> None:
-        for waiter in self._all:
-            waiter.finish(error)
-
-
-class Batch:
-    """Readies folded into one persist: their writes in order (a later entry at an index
-    already in the batch truncates from there), their messages and committed entries. A
-    ready carrying a snapshot only starts a batch (:meth:`add` refuses it otherwise)."""
-
-    def __init__(self) -> None:
-        self.snapshot: Snapshot | None = None
-        self.restore = False
-        self.entries: list[Entry] = []
-        self.hard_state: HardState | None = None
-        self.messages: list[Message] = []
-        self.committed: list[Entry] = []
-        self.inputs = 0
-        self.applied_early = False
-        self._last_to: dict[NodeId, int] = {}  # position of the last message to each peer
-
-    def empty(self) -> bool:
-        return not (
-            self.snapshot or self.entries or self.hard_state or self.messages or self.committed
-        )
-
-    def needs_sync(self, synced: HardState) -> bool:
-        """Whether this batch must be on disk before its messages go out: it writes the log,
-        or changes the term or vote (a commit index alone need not be synced first)."""
-        hs = self.hard_state
-        return (
-            self.snapshot is not None
-            or bool(self.entries)
-            or (hs is not None and (hs.term, hs.vote) != (synced.term, synced.vote))
-        )
-
-    @property
-    def restored(self) -> Snapshot | None:
-        """The snapshot to restore the state machine from once persisted (``None``: none,
-        or it was restored when stepped)."""
-        return self.snapshot if self.restore and not self.applied_early else None
-
-    def add(self, ready: Ready, early: bool = False) -> bool:
-        """Fold ``ready`` in (``early``: its restore and committed entries were applied when
-        stepped, so the batch keeps only its writes and messages)."""
-        if ready.snapshot is not None:
-            if not self.empty():
-                return False
-            self.snapshot, self.restore = ready.snapshot, ready.restore
-            self.applied_early = early
-        if ready.entries:
-            first = ready.entries[0].index
-            if self.entries and first <= self.entries[-1].index:
-                del self.entries[max(0, first - self.entries[0].index) :]
-            self.entries.extend(ready.entries)
-        if ready.hard_state is not None:
-            self.hard_state = ready.hard_state
-        for message in ready.messages:
-            self._send(message)
-        if not early:
-            self.committed.extend(ready.committed)
-        return True
-
-    def _send(self, message: Message) -> None:
-        """Queue ``message``, folded into the previous message to the same peer when that says
-        the same and more: consecutive AppendRequests of one term become one, and a successful
-        AppendReply replaces an earlier one (acknowledging index n acknowledges all below)."""
-        at = self._last_to.get(message.dst)
-        if at is not None:
-            merged = _coalesce(self.messages[at].payload, message.payload)
-            if merged is not None:
-                self.messages[at] = Message(message.src, message.dst, merged)
-                return
-        self._last_to[message.dst] = len(self.messages)
-        self.messages.append(message)
-
-
-MAX_COALESCED_ENTRIES = 1024
-
-
-def _coalesce(first: Payload, second: Payload) -> Payload | None:
-    """One payload saying what ``first`` then ``second`` say, or ``None``."""
-    if isinstance(first, AppendRequest) and isinstance(second, AppendRequest):
-        last_term = first.entries[-1].term if first.entries else first.prev_term
-        if (
-            first.term == second.term
-            and second.prev_index == first.prev_index + len(first.entries)
-            and second.prev_term == last_term
-            and len(first.entries) + len(second.entries) <= MAX_COALESCED_ENTRIES
-        ):
-            commit = max(first.commit, second.commit)
-            entries = first.entries + second.entries
-            return AppendRequest(first.term, first.prev_index, first.prev_term, entries, commit)
-    if isinstance(first, AppendReply) and isinstance(second, AppendReply):
-        if first.success and second.success and first.term == second.term:
-            return second if second.index >= first.index else first
-    return None

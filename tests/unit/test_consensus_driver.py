@@ -28,8 +28,9 @@ from skulk.consensus import (
     Ready,
     Role,
 )
+from skulk.consensus._batch import Batch
 from skulk.consensus._disk import Disk, DiskFull
-from skulk.consensus._driver import Batch, DriverConfig, RaftDriver
+from skulk.consensus._driver import DriverConfig, RaftDriver
 from skulk.consensus._errors import (
     NoQuorum,
     NotLeader,
