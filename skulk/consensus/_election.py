@@ -73,6 +73,11 @@ class Election(CoreState):
         if p.pre_vote:
             can = p.term > self.term or (self.vote in (None, src) and self.leader is None)
             if can and up_to_date:
+                if self.role is Role.FOLLOWER:
+                    # Give the pre-candidate time for its real election instead of starting a
+                    # rival one: that split vote is what stalls a cluster one node from losing
+                    # its quorum. Only timing changes, never what is granted.
+                    self._election_elapsed = 0
                 self._send(src, VoteReply(p.term, True, pre_vote=True))
             else:  # with our own term, so a pre-candidate behind us learns it
                 self._send(src, VoteReply(self.term, False, pre_vote=True))
