@@ -192,15 +192,16 @@ class RaftCore(Election, Replicator):
                 self._send_append(peer, heartbeat=True)
 
     def _quorum_active(self) -> bool:
-        voters = self.conf.voters
-        active = sum(
-            1
-            for v in voters
-            if v == self.node_id or (v in self._progress and self._progress[v].recent_active)
-        )
+        """CheckQuorum: did a majority of voters answer during the period now ending?"""
+        self._last_active = self._active_now()
         for pr in self._progress.values():
             pr.recent_active = False
-        return active * 2 > len(voters)
+        voters = self.conf.voters
+        return sum(1 for v in voters if v in self._last_active) * 2 > len(voters)
+
+    def _active_now(self) -> set[NodeId]:
+        heard = {peer for peer, pr in self._progress.items() if pr.recent_active}
+        return heard | {self.node_id}
 
     # --- role changes ----------------------------------------------------------------------
 
@@ -318,6 +319,12 @@ class RaftCore(Election, Replicator):
                 raise ProposalRefused("invalid_conf_change", f"{node} is not a member")
             if conf.voters == (node,):
                 raise ProposalRefused("invalid_conf_change", "cannot remove the last voter")
+        # The new voters must have a live majority, or the change could never commit (it takes
+        # effect when appended) and the cluster would stall (etcd's StrictReconfigCheck).
+        voters = conf.apply(change).voters
+        active = self._last_active | self._active_now()
+        if voters and sum(1 for v in voters if v in active) * 2 <= len(voters):
+            raise ProposalRefused("would_lose_quorum", f"too few of {voters} answer the leader")
         index = self.log.last_index + 1
         self._append_new(Entry(index, self.term, EntryKind.CONF, conf=change))
         self._pending_conf_index = self.log.last_index

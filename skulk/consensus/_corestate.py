@@ -92,6 +92,8 @@ class CoreState:
         self._timeout = self._random_timeout()
         self._votes: dict[NodeId, bool] = {}
         self._progress: dict[NodeId, Progress] = {}
+        self._last_active: set[NodeId] = set()
+        """Voters that answered during the last CheckQuorum period (leader only)."""
         self._pending_conf_index = 0
         self._transfer_target: NodeId | None = None
         self._transfer_elapsed = 0
@@ -131,6 +133,7 @@ class CoreState:
         self._timeout = self._random_timeout()
         self._votes = {}
         self._progress = {}
+        self._last_active = set()
         self._transfer_target = None
 
     def _become_follower(self, term: int, leader: NodeId | None) -> None:

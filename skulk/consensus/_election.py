@@ -76,8 +76,10 @@ class Election(CoreState):
                 if self.role is Role.FOLLOWER:
                     # Give the pre-candidate time for its real election instead of starting a
                     # rival one: that split vote is what stalls a cluster one node from losing
-                    # its quorum. Only timing changes, never what is granted.
+                    # its quorum. We grant only once our leader's lease ran out, so we forget
+                    # that leader too: a restarted timer must not revive its lease.
                     self._election_elapsed = 0
+                    self.leader = None
                 self._send(src, VoteReply(p.term, True, pre_vote=True))
             else:  # with our own term, so a pre-candidate behind us learns it
                 self._send(src, VoteReply(self.term, False, pre_vote=True))

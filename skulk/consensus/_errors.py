@@ -41,7 +41,7 @@ class NotLeader(ConsensusError):
 class ProposalRefused(ConsensusError):
     """The leader cannot take this proposal now; ``reason`` is a stable snake_case name:
     ``transfer_in_progress``, ``conf_change_pending``, ``learner_not_caught_up``,
-    ``invalid_conf_change``, ``invalid_transfer``."""
+    ``would_lose_quorum``, ``invalid_conf_change``, ``invalid_transfer``."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
