@@ -8,8 +8,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 TINY = ("--clients", "4", "--duration", "0.5", "--sequential", "5", "--trials", "1")
 KEYS = (
     "commit_p50_ms",
@@ -44,7 +42,6 @@ def test_raft_bench_runs_our_cluster() -> None:
 
 
 def test_raft_bench_compares_with_pysyncobj() -> None:
-    pytest.importorskip("pysyncobj")
     result = bench()
     baseline = result["pysyncobj"]
     assert isinstance(baseline, dict)
