@@ -121,7 +121,12 @@ class CoreState:
         return self._rng.randrange(e, 2 * e)
 
     def _promotable(self) -> bool:
-        return self.node_id in self.conf.voters
+        """May this node campaign? A voter of the latest membership, or of the committed one:
+        a leader whose own removal is appended but not committed must still be able to
+        campaign, or a two-voter cluster would wait forever for its vote."""
+        if self.node_id in self.conf.voters:
+            return True
+        return self.node_id in self.log.conf_at(self.commit).voters
 
     def _reset(self, term: int) -> None:
         if term != self.term:

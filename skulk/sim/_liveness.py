@@ -4,10 +4,14 @@ Once every fault is healed (the network whole again, crashed nodes restarted, pa
 resumed, disks with space), a cluster that still has a majority of its voters must elect a
 leader within 5 maximal election timeouts and then commit and acknowledge a probe command
 within 5 more. Voters lost for good (a corrupt disk refuses to start) excuse the check only
-when they are at least half of the voters.
+when they are at least half of the voters of some configuration in play (the committed one, or
+one a node appended: a change that leaves no live majority blocks the cluster for good --
+FINDING 2 in the simulator's report).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Sequence
 
 import attrs
 
@@ -74,3 +78,16 @@ class Liveness:
                 f"probe command not acknowledged within {2 * self.window} ticks of healing",
             )
         return None
+
+
+def worst_voter_set(
+    voter_sets: Sequence[tuple[str, ...]], lost_nodes: Collection[str]
+) -> tuple[int, int]:
+    """``(voters, lost)`` of the voter set that lost the largest share of its voters for good
+    (one that lost half or more first)."""
+
+    def lost(voters: tuple[str, ...]) -> int:
+        return sum(1 for n in voters if n in lost_nodes)
+
+    worst = max(voter_sets, key=lambda v: (2 * lost(v) >= len(v), lost(v)))
+    return len(worst), lost(worst)

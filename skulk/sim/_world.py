@@ -47,7 +47,7 @@ from skulk.sim._crashdisk import CrashingDisk
 from skulk.sim._disk import SimDisk
 from skulk.sim._faults import LEADER, Action
 from skulk.sim._invariants import Checker, Violation, ViolationFound
-from skulk.sim._liveness import Liveness
+from skulk.sim._liveness import Liveness, worst_voter_set
 from skulk.sim._mutants import NONE, Mutant
 from skulk.sim._network import LinkParams, SimNetwork
 from skulk.sim._node import NodeSettings, NodeStatus, OpenStorage, SimNode, StorageLike
@@ -509,19 +509,14 @@ class World:
     def _check_liveness(self, now: int) -> None:
         if self.liveness.deadlines() is None:
             return
-
-        def lost(voters: tuple[str, ...]) -> int:
-            return sum(1 for n in voters if self.nodes[n].status is NodeStatus.CORRUPT)
-
-        # The configuration with the largest share of voters lost for good decides: a change
-        # that leaves no live majority (FINDING 2 in the simulator's report) blocks the cluster.
-        worst = max(self.voter_sets(), key=lambda v: (2 * lost(v) >= len(v), lost(v)))
+        corrupt = {n for n in self.node_ids if self.nodes[n].status is NodeStatus.CORRUPT}
+        voters, lost = worst_voter_set(self.voter_sets(), corrupt)
         violation = self.liveness.check(
             now,
             has_leader=self.leader() is not None,
             probe_acked=self.workload.acked_by(PROBE_CLIENT) > 0,
-            voters=len(worst),
-            lost=lost(worst),
+            voters=voters,
+            lost=lost,
         )
         if violation is not None:
             raise ViolationFound(violation)
