@@ -81,29 +81,14 @@ async def serve_control(port: int, submit: Submit, status: Callable[[], Json]) -
 
 
 async def run_skulk(args: argparse.Namespace, nodes: dict[str, tuple[str, int]]) -> None:
-    from skulk.consensus import Entry, EntryKind, RaftConfig
+    from skulk.consensus import RaftConfig
     from skulk.consensus._driver import DriverConfig, RaftDriver
     from skulk.consensus._errors import ConsensusError
-    from skulk.consensus._machine import pack, unpack_as
+    from skulk.consensus._machine import Counter
     from skulk.consensus._osdisk import OsDisk
     from skulk.consensus._storage import Storage
     from skulk.consensus._transport import MeshTransport
     from skulk.federation import ClusterSecret, Mesh
-
-    class Counter:
-        def initial(self) -> int:
-            return 0
-
-        def apply(self, state: int, entry: Entry) -> tuple[int, bytes]:
-            if entry.kind is not EntryKind.COMMAND:
-                return state, b""
-            return state + 1, str(state + 1).encode()
-
-        def snapshot(self, state: int) -> bytes:
-            return pack(state)
-
-        def restore(self, data: bytes) -> int:
-            return unpack_as(data, int)
 
     secret = ClusterSecret(bytes.fromhex(os.environ["SKULK_CLUSTER_SECRET"]))
     transport: MeshTransport | None = None

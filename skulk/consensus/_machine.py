@@ -192,3 +192,22 @@ class Sessions(Generic[S]):
                 raise SnapshotCorrupt(f"bad session row {row!r:.80}")
             sessions[row[0]] = Session(row[1], row[2], row[3])
         return SessionState(self.machine.restore(inner), sessions)
+
+
+class Counter:
+    """The smallest useful machine: the state counts the commands applied, a command's result
+    is the new count. The raft benchmark replicates it; tests use it."""
+
+    def initial(self) -> int:
+        return 0
+
+    def apply(self, state: int, entry: Entry) -> tuple[int, bytes]:
+        if entry.kind is not EntryKind.COMMAND:
+            return state, b""
+        return state + 1, str(state + 1).encode()
+
+    def snapshot(self, state: int) -> bytes:
+        return pack(state)
+
+    def restore(self, data: bytes) -> int:
+        return unpack_as(data, int)

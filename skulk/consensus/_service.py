@@ -32,6 +32,7 @@ import attrs
 import trio
 
 from skulk.federation import Mesh, PeerState, RpcFailed
+from skulk.federation._meshview import JsonValue
 
 from ._core import ProposalRefused, Role
 from ._driver import DriverConfig, RaftDriver
@@ -44,9 +45,6 @@ from ._transport import SUBMIT_METHOD, MeshTransport
 from ._types import Entry, EntryKind, NodeId, Recovered
 
 log = logging.getLogger("skulk.consensus")
-
-JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
-
 
 @attrs.frozen
 class RegistryState:

@@ -39,7 +39,7 @@ from skulk.consensus._errors import (
     Unavailable,
     UnavailableReason,
 )
-from skulk.consensus._machine import Sessions, SessionState, pack, unpack, unpack_as
+from skulk.consensus._machine import Counter, Sessions, SessionState, pack, unpack, unpack_as
 from skulk.consensus._osdisk import OsDisk
 from skulk.consensus._storage import Storage
 from skulk.consensus._transport import (
@@ -54,24 +54,6 @@ from skulk.federation import ClusterSecret, Mesh
 IDS = ("a", "b", "c")
 FAST = DriverConfig(tick_seconds=0.02, raft=RaftConfig(election_ticks=10), retry_interval=0.01)
 WAIT = 15.0  # generous: a 2-core CI machine under load
-
-
-class Counter:
-    """State: the number of commands applied; result: the new count."""
-
-    def initial(self) -> int:
-        return 0
-
-    def apply(self, state: int, entry: Entry) -> tuple[int, bytes]:
-        if entry.kind is not EntryKind.COMMAND:
-            return state, b""
-        return state + 1, str(state + 1).encode()
-
-    def snapshot(self, state: int) -> bytes:
-        return pack(state)
-
-    def restore(self, data: bytes) -> int:
-        return unpack_as(data, int)
 
 
 class FillableDisk:
