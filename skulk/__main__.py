@@ -55,10 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(serve, config)
     except* (StartupError, IdentityError, StorageCorrupt) as group:
-        problems.extend(group.exceptions)
+        problems.extend(_leaves(group))
     for problem in problems:
         print(f"skulk: cannot start: {problem}", file=sys.stderr)
     return 2 if problems else 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions in ``group``, however deeply nurseries nested it."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 if __name__ == "__main__":

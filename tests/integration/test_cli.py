@@ -33,3 +33,32 @@ def test_serve_refuses_a_bad_port(tmp_path: Path) -> None:
     result = run("serve", "--port", "eighty", "--home", str(tmp_path))
     assert result.returncode == 2
     assert "--port" in result.stderr
+
+
+def test_serve_refuses_damaged_raft_storage_naming_the_file(tmp_path: Path) -> None:
+    from skulk.consensus import (
+        ConfState,
+        Entry,
+        EntryKind,
+        HardState,
+        OsDisk,
+        Snapshot,
+        SnapshotMeta,
+        Storage,
+    )
+
+    raft = tmp_path / "raft"
+    storage, _ = Storage.open(OsDisk(raft))
+    storage.persist(snapshot=Snapshot(SnapshotMeta(0, 0, ConfState(("n1",))), b""))
+    for i in range(1, 6):
+        entry = Entry(i, 1, EntryKind.COMMAND, b"x" * 64)
+        storage.persist(entries=(entry,), hard_state=HardState(1, "n1", i))
+    segment = next(p for p in sorted(raft.iterdir()) if p.name.endswith(".seg"))
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x01  # a bit flip well before the tail: not a torn write
+    segment.write_bytes(bytes(data))
+
+    result = run("serve", "--home", str(tmp_path), "--port", "0", "--listen", "127.0.0.1:0")
+    assert result.returncode == 2, result.stderr
+    assert "cannot start" in result.stderr and segment.name in result.stderr
+    assert "corrupt" in result.stderr

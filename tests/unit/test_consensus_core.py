@@ -272,3 +272,37 @@ def test_hard_state_is_in_the_ready_before_the_vote_is_sent() -> None:
     ready = c.cores["b"].step(Receive(Message("a", "b", real)))
     assert ready.hard_state is not None and ready.hard_state.vote == "a"
     assert ready.messages and ready.messages[0].payload.granted  # type: ignore[union-attr]
+
+
+def test_a_change_leaving_no_live_majority_is_refused() -> None:
+    c = Cluster(["a", "b", "c"])
+    leader = c.elect()
+    dead = next(n for n in sorted(c.cores) if n != leader)
+    c.cut.add(dead)
+    c.tick(3 * CONFIG.election_ticks)  # two CheckQuorum periods without a word from it
+    assert c.cores[leader].role is Role.LEADER
+    with pytest.raises(ProposalRefused) as err:  # {dead, other}: only one of two answers
+        c.step(leader, ProposeConfChange(ConfChange("remove", leader)))
+    assert err.value.reason == "would_lose_quorum"
+    c.step(leader, ProposeConfChange(ConfChange("remove", dead)))  # {leader, other}: fine
+    c.tick(3)
+    assert c.cores[leader].conf.voters == tuple(sorted(set(c.cores) - {dead}))
+
+
+def test_a_leader_whose_self_removal_did_not_replicate_can_be_elected_again() -> None:
+    c = Cluster(["a", "b"])
+    leader = c.elect()
+    other = next(n for n in c.cores if n != leader)
+    c.cut.add(other)
+    c.step(leader, ProposeConfChange(ConfChange("remove", leader)))
+    assert leader not in c.cores[leader].conf.voters  # in effect once appended
+    for _ in range(3 * CONFIG.election_ticks):  # CheckQuorum: it steps down, uncommitted
+        c.step(leader, Tick())
+    c.queue.clear()
+    c.cut.clear()
+    # Only the old leader (longer log) can win; it may campaign because it is a voter of the
+    # committed membership. It then commits its removal and steps down, and the other leads.
+    c.tick(20 * CONFIG.election_ticks)
+    assert c.leader() == other
+    assert all(core.conf.voters == (other,) for core in c.cores.values())
+    assert c.cores[other].commit == c.cores[other].last_index
