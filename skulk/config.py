@@ -14,9 +14,9 @@ from pathlib import Path
 
 import attrs
 
-from skulk.actors import RestartPolicy
+from skulk.actors import CooldownPolicy, RestartPolicy
 from skulk.runner import RunnerConfig
-from skulk.worker import RUNNER_RESTARTS
+from skulk.worker import CRASH_LOOP_COOLDOWN, RUNNER_RESTARTS
 
 DEFAULT_PORT = 52415
 DEFAULT_MODEL = "skulk-demo"
@@ -51,6 +51,7 @@ class ServeConfig:
     restart_backoff: float = RUNNER_RESTARTS.initial_backoff
     restart_limit: int = RUNNER_RESTARTS.max_restarts
     restart_window: float = RUNNER_RESTARTS.window
+    crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN.initial
     # fault hooks for tests and repro scripts (see skulk.runner.faults)
     runner_faults: str = ""
     # federation
@@ -69,6 +70,13 @@ class ServeConfig:
             max_backoff=max(RUNNER_RESTARTS.max_backoff, self.restart_backoff),
             max_restarts=self.restart_limit,
             window=self.restart_window,
+        )
+
+    def cooldown_policy(self) -> CooldownPolicy:
+        return attrs.evolve(
+            CRASH_LOOP_COOLDOWN,
+            initial=self.crash_loop_cooldown,
+            maximum=max(CRASH_LOOP_COOLDOWN.maximum, self.crash_loop_cooldown),
         )
 
     def runner_config(self) -> RunnerConfig:
@@ -187,6 +195,9 @@ OPTIONS: tuple[Option, ...] = (
            "relaunches allowed within the restart window before the model is marked failed",
            _count),
     Option("restart_window", float, "the window of --restart-limit, in seconds", _positive),
+    Option("crash_loop_cooldown", float,
+           "seconds a crash-looping model rests before one more try (doubling while tries "
+           "fail, at most 600 s or this)", _positive),
     Option("runner_faults", str, "fault hooks for tests and repro scripts; never in production",
            _faults),
     Option("listen", str, "HOST:PORT where this node accepts other nodes (port 0: any)",

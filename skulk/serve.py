@@ -71,6 +71,7 @@ async def serve(
         resolve,
         config.runner_config(),
         policy=config.restart_policy(),
+        cooldown=config.cooldown_policy(),
         stream_interval=config.stream_interval,
     )
     node_id = load_or_create_node_id(config.home)

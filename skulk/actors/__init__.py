@@ -23,7 +23,16 @@ from ._errors import (
     MailboxFull,
 )
 from ._mailbox import Mailbox, MailboxStatistics
-from ._policy import CrashLoopBreaker, Restart, RestartDecision, RestartPolicy, Trip
+from ._policy import (
+    Cooldown,
+    CooldownPolicy,
+    CrashLoopBreaker,
+    HalfOpenBreaker,
+    Restart,
+    RestartDecision,
+    RestartPolicy,
+    Trip,
+)
 from ._supervisor import (
     ChildState,
     ChildStatistics,
@@ -41,8 +50,11 @@ __all__ = [
     "ActorStopped",
     "ChildState",
     "ChildStatistics",
+    "Cooldown",
+    "CooldownPolicy",
     "CrashLoopBreaker",
     "CrashLoopError",
+    "HalfOpenBreaker",
     "Mailbox",
     "MailboxClosed",
     "MailboxFull",

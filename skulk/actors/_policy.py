@@ -13,7 +13,15 @@ from collections import deque
 
 import attrs
 
-__all__ = ["CrashLoopBreaker", "Restart", "RestartDecision", "RestartPolicy", "Trip"]
+__all__ = [
+    "CooldownPolicy",
+    "CrashLoopBreaker",
+    "HalfOpenBreaker",
+    "Restart",
+    "RestartDecision",
+    "RestartPolicy",
+    "Trip",
+]
 
 
 def _non_negative(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
@@ -146,8 +154,14 @@ class CrashLoopBreaker:
 
     @property
     def tripped(self) -> bool:
-        """Whether the breaker has tripped (it never resets)."""
+        """Whether the breaker has tripped (until :meth:`reset`)."""
         return self._trip is not None
+
+    def reset(self) -> None:
+        """Close the breaker: forget the trip, the crash history and the backoff streak."""
+        self._crash_times.clear()
+        self._streak = 0
+        self._trip = None
 
     @property
     def streak(self) -> int:
@@ -184,3 +198,99 @@ class CrashLoopBreaker:
         delay = self.policy.backoff(self._streak, self._rng)
         self._streak += 1
         return Restart(delay=delay, attempt=self._streak)
+
+
+@attrs.frozen
+class CooldownPolicy:
+    """How long a tripped breaker stays open before one more attempt is allowed.
+
+    The *n*-th trip in a row (``n = 1, 2, …``) waits ``min(maximum, initial * multiplier**(n-1))``
+    seconds. Trips stop being "in a row" once a child runs for the restart policy's
+    :attr:`~RestartPolicy.stable_after` seconds.
+    """
+
+    initial: float = attrs.field(default=30.0, validator=_positive)
+    maximum: float = attrs.field(default=600.0, validator=_positive)
+    multiplier: float = attrs.field(default=2.0)
+
+    @multiplier.validator
+    def _check_multiplier(self, _attr: attrs.Attribute[float], value: float) -> None:
+        if not (value >= 1 and math.isfinite(value)):
+            raise ValueError(f"multiplier must be a finite number >= 1, got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.maximum < self.initial:
+            raise ValueError(f"maximum ({self.maximum!r}) < initial ({self.initial!r})")
+
+    def delay(self, trips: int) -> float:
+        """The cool-down after trip number ``trips`` (1-based) of a row."""
+        if trips < 1:
+            raise ValueError(f"trips must be >= 1, got {trips}")
+        try:
+            delay = self.initial * self.multiplier ** (trips - 1)
+        except OverflowError:
+            delay = math.inf
+        return min(self.maximum, delay)
+
+
+@attrs.frozen
+class Cooldown:
+    """Decision: the breaker is open; try once more after ``delay`` seconds (half-open)."""
+
+    delay: float
+    trips: int
+    crashes: int
+    window: float
+
+
+class HalfOpenBreaker:
+    """A crash-loop breaker that recovers: closed → open (cool-down) → half-open → closed.
+
+    *Closed*: crashes are answered as :class:`CrashLoopBreaker` answers them (:class:`Restart`
+    with backoff) until too many fall in the window; that crash opens the breaker and is
+    answered with :class:`Cooldown`. After the cool-down the driver calls :meth:`half_open` and
+    makes exactly one attempt: :meth:`succeeded` (the child came up) closes the breaker with a
+    fresh crash history; a crash while half-open opens it again at once, with a longer
+    cool-down (:class:`CooldownPolicy`). Pure, like :class:`CrashLoopBreaker`.
+    """
+
+    def __init__(self, policy: RestartPolicy, cooldown: CooldownPolicy, rng: random.Random) -> None:
+        self.policy = policy
+        self.cooldown = cooldown
+        self._breaker = CrashLoopBreaker(policy, rng)
+        self._state = "closed"
+        self._trips = 0
+
+    @property
+    def state(self) -> str:
+        """``closed``, ``open`` (cooling down) or ``half_open`` (one attempt running)."""
+        return self._state
+
+    @property
+    def trips(self) -> int:
+        """Times the breaker opened in a row (reset once a child runs stably)."""
+        return self._trips
+
+    def record_crash(self, now: float, uptime: float) -> Restart | Cooldown:
+        """Record a crash at ``now`` of a child that ran ``uptime`` seconds."""
+        if uptime >= self.policy.stable_after:
+            self._trips = 0
+        if self._state == "closed":
+            decision = self._breaker.record_crash(now, uptime)
+            if isinstance(decision, Restart):
+                return decision
+            crashes = decision.crashes
+        else:  # the one half-open attempt failed (or a crash arrived while open)
+            crashes = 1
+        self._state = "open"
+        self._trips += 1
+        return Cooldown(self.cooldown.delay(self._trips), self._trips, crashes, self.policy.window)
+
+    def half_open(self) -> None:
+        """The cool-down is over (or an operator asked): allow exactly one attempt."""
+        self._breaker.reset()
+        self._state = "half_open"
+
+    def succeeded(self) -> None:
+        """The attempt came up: close the breaker (a no-op when it is closed already)."""
+        self._state = "closed"

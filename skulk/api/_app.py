@@ -70,6 +70,11 @@ def create_app(
         }
         if s.failure_reason:
             body["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
+        body["breaker"] = {
+            "state": s.breaker,
+            "crash_loops": s.crash_loop_trips,
+            "retry_in": s.retry_in,
+        }
         healthy = s.ready
         if consensus is not None:
             raft = consensus.status_json()
@@ -88,6 +93,19 @@ def create_app(
             },
             200,
         )
+
+    @app.post("/v1/diagnostics/node/retry")
+    async def retry() -> Response:
+        """An operator's "try the failed model again now" (ends a crash-loop cool-down)."""
+        if not service.retry_now():
+            s = service.status()
+            raise ApiError(
+                409,
+                f"model {s.model_id} is {s.state}, not failed: there is nothing to retry",
+                type="invalid_request_error",
+                code="not_failed",
+            )
+        return _json({"retrying": True, "model": service.model_id}, 202)
 
     @app.get("/v1/cluster/links")
     async def cluster_links() -> Response:

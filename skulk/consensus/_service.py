@@ -137,7 +137,11 @@ class ConsensusService:
         """If this node leads, hand leadership over (bounded by ``timeout`` seconds)."""
         if self.driver.role is Role.LEADER:
             new = await self.driver.transfer_leadership(timeout=timeout)
-            log.info("raft %s: leadership handed to %s", self.node_id, new)
+            conf = self.driver.conf
+            if new not in (None, self.node_id):
+                log.info("raft %s: leadership handed to %s", self.node_id, new)
+            elif conf is not None and set(conf.voters) - {self.node_id}:  # else: nobody to hand to
+                log.warning("raft %s: leadership not handed over in %gs", self.node_id, timeout)
 
     def linked_peers(self) -> set[NodeId]:
         return {

@@ -324,13 +324,22 @@ def _write_new(path: Path, data: bytes) -> None:
 
 
 def join_instructions(secret_path: Path | None, listen_address: str, *, cluster_id: str) -> str:
-    """What an operator runs to add another node to this cluster (several lines, for the
-    console on first start). ``secret_path`` is the secret file (``None`` when the secret came
-    from ``SKULK_CLUSTER_SECRET``); ``listen_address`` is this node's ``--listen HOST:PORT``."""
+    """What an operator runs to add another node to this cluster, for the console on first
+    start. ``secret_path`` is the secret file (``None`` when the secret came from
+    ``SKULK_CLUSTER_SECRET``); ``listen_address`` is this node's ``--listen HOST:PORT``.
+
+    A node that listens on loopback (the default) cannot be joined from another machine, and
+    most such nodes are someone trying Skulk out: one line pointing at the docs, not a to-do
+    list. A node reachable from other machines gets the steps, several lines."""
     host, _, port = listen_address.rpartition(":")
     loopback = host in ("127.0.0.1", "localhost", "::1", "[::1]")
     wildcard = host in ("0.0.0.0", "::", "[::]", "")
-    join_host = "THIS_HOST" if loopback or wildcard else host
+    if loopback:
+        return (
+            f"skulk: nodes join on {listen_address} (this machine only; --listen "
+            f"0.0.0.0:{port} for others): see docs/operations.md, Joining nodes into a cluster"
+        )
+    join_host = "THIS_HOST" if wildcard else host
     lines = [f"To add a node to cluster {cluster_id}:"]
     if secret_path is None:
         lines.append(
@@ -350,9 +359,4 @@ def join_instructions(secret_path: Path | None, listen_address: str, *, cluster_
     )
     if join_host == "THIS_HOST":
         lines.append("     where THIS_HOST is this machine's address as the new node reaches it.")
-    if loopback:
-        lines.append(
-            f"     This node listens on {listen_address}, which other machines cannot reach:"
-            f" restart it with --listen 0.0.0.0:{port} (or a reachable address) first."
-        )
     return "\n".join(lines)

@@ -10,6 +10,13 @@ class StopMatcher:
     before it is released, the stop string and everything after it are dropped, and ``stopped``
     is true. Text that might still become a stop string is held back until it cannot;
     ``flush()`` releases what is held when generation ends for another reason.
+
+    The result never depends on how the text is cut into deltas. The rule is the one a reader
+    of the text one character at a time would apply: generation stops at the **first stop
+    string to complete** (the one whose last character comes earliest), and the output is cut
+    at that stop string's start. When several complete on the same character, the longest
+    (the one starting earliest) is cut. So with stops ``("c", "DcD")``, ``"DDcD"`` gives
+    ``"DD"`` however it arrives: ``"c"`` completes before ``"DcD"``.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
@@ -20,10 +27,13 @@ class StopMatcher:
         if not self._stops:
             return delta, False
         buf = self._held + delta
-        cut = min((i for s in self._stops if (i := buf.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        # The held text holds no complete stop string (it would have stopped already), so the
+        # first occurrence of each stop in ``buf`` is the earliest it can complete.
+        hits = [(i + len(s), i) for s in self._stops if (i := buf.find(s)) >= 0]
+        if hits:
             self._held = ""
-            return buf[:cut], True
+            _end, start = min(hits)
+            return buf[:start], True
         keep = self._longest_partial_suffix(buf)
         self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False

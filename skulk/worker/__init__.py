@@ -1,6 +1,7 @@
 """Node-local serving: keeps the runners this node should run alive and admits requests."""
 
 from skulk.worker._model_service import (
+    CRASH_LOOP_COOLDOWN,
     RUNNER_RESTARTS,
     Generation,
     ModelService,
@@ -10,6 +11,7 @@ from skulk.worker._model_service import (
 )
 
 __all__ = [
+    "CRASH_LOOP_COOLDOWN",
     "RUNNER_RESTARTS",
     "Generation",
     "ModelService",

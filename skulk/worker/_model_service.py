@@ -10,6 +10,7 @@ yields text deltas and ends with a :class:`Generation` summary, or raises a type
 from __future__ import annotations
 
 import logging
+import math
 import random
 import uuid
 from collections import deque
@@ -21,7 +22,7 @@ from typing import Literal
 import attrs
 import trio
 
-from skulk.actors import CrashLoopBreaker, RestartPolicy, Trip
+from skulk.actors import Cooldown, CooldownPolicy, HalfOpenBreaker, RestartPolicy
 from skulk.runner import Runner, RunnerConfig, RunnerCrashed, RunnerError
 from skulk.wire.runner import (
     FinishReason,
@@ -49,6 +50,12 @@ class ModelStatus:
     restarts: int = 0
     failure_reason: str | None = None
     failure_message: str | None = None
+    breaker: str = "closed"
+    """The crash-loop breaker: ``closed``, ``open`` (cooling down), ``half_open`` (one try)."""
+    crash_loop_trips: int = 0
+    """Crash loops in a row; each doubles the cool-down."""
+    retry_in: float | None = None
+    """Seconds until a failed model is tried again by itself (None: no retry scheduled)."""
 
     @property
     def ready(self) -> bool:
@@ -86,6 +93,9 @@ class RequestFailure(Exception):
 RUNNER_RESTARTS = RestartPolicy(
     initial_backoff=0.5, max_backoff=30.0, multiplier=2.0, jitter=0.1, max_restarts=5, window=300.0
 )
+#: A crash-looping model is tried once more after 30 s, then 60 s, 120 s … (at most 10 min)
+#: while each single try fails; a try that comes up closes the breaker again.
+CRASH_LOOP_COOLDOWN = CooldownPolicy(initial=30.0, maximum=600.0, multiplier=2.0)
 
 
 class ModelService:
@@ -95,82 +105,137 @@ class ModelService:
         resolve: Callable[[], Path],
         runner_config: RunnerConfig | None = None,
         policy: RestartPolicy = RUNNER_RESTARTS,
+        cooldown: CooldownPolicy = CRASH_LOOP_COOLDOWN,
         rng: random.Random | None = None,
         stream_interval: float = 0.0,
     ) -> None:
         self.model_id = model_id
         self._resolve = resolve
         self._runner_config = runner_config or RunnerConfig()
-        self._breaker = CrashLoopBreaker(policy, rng or random.Random())
+        self._breaker = HalfOpenBreaker(policy, cooldown, rng or random.Random())
         self._stream_interval = stream_interval
         self._status = ModelStatus(model_id, "resolving")
         self._runner: Runner | None = None
         self._recent: deque[Runner] = deque(maxlen=KEPT_RUNNERS)
+        self._incarnation = 0
+        self._retry: trio.Event | None = None  # set while failed: an operator's retry sets it
+        self._retry_at: float | None = None  # when a cool-down ends (trio clock)
 
     def status(self) -> ModelStatus:
-        return self._status
+        if self._retry_at is None:
+            return self._status
+        return attrs.evolve(self._status, retry_in=max(0.0, self._retry_at - trio.current_time()))
 
     def recent_runners(self) -> tuple[Runner, ...]:
         """The last few runners, oldest first (the newest may be the current one)."""
         return tuple(self._recent)
 
+    def retry_now(self) -> bool:
+        """An operator's "try again": end a failed model's cool-down (or its wait for an
+        operator, after a failure relaunching cannot fix) at once. Returns False, changing
+        nothing, unless the model is failed — a working runner is never restarted."""
+        if self._status.state != "failed" or self._retry is None:
+            return False
+        log.warning("model %s: retry requested by an operator", self.model_id)
+        self._retry.set()
+        return True
+
     async def run(self) -> None:
-        """Resolve the model, then keep a runner up until cancelled or failed for good."""
+        """Keep a runner up until cancelled. A model that failed is tried again after its
+        cool-down (a crash loop) or when an operator asks (:meth:`retry_now`)."""
+        try:
+            while True:
+                cooldown = await self._keep_up()
+                await self._wait_for_retry(cooldown)
+        finally:
+            self._runner = None
+            self._retry = None
+            self._set(state="stopped", retry_in=None)
+
+    async def _keep_up(self) -> float | None:
+        """Run runners until the model fails; return the cool-down before the next try
+        (``None``: wait for an operator)."""
         try:
             path = await trio.to_thread.run_sync(self._resolve)
         except Exception as exc:
             reason = "model_not_found" if isinstance(exc, LookupError) else "model_unavailable"
             self._set(state="failed", failure_reason=reason, failure_message=str(exc))
             log.error("model %s: %s", self.model_id, exc)
-            return
-        incarnation = 0
-        try:
-            while True:
-                incarnation += 1
-                runner = Runner(
-                    self.model_id,
-                    str(path),
-                    self._runner_config,
-                    incarnation=incarnation,
-                    on_phase=self._follow,
-                )
-                self._recent.append(runner)
-                self._set(state="loading", loaded=0, total=0)
-                started = trio.current_time()
-                try:
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(runner.run)
-                        self._runner = runner
-                        self._set(state="ready", failure_reason=None, failure_message=None)
-                except* RunnerError:
-                    pass  # recorded as runner.failure
-                self._runner = None
-                failure = runner.failure or RunnerCrashed("runner stopped unexpectedly")
-                self._set(failure_reason=failure.reason, failure_message=failure.message)
-                if not failure.retryable:
-                    self._set(state="failed")
-                    log.error("model %s failed for good: %s", self.model_id, failure)
-                    return
-                decision = self._breaker.record_crash(
-                    trio.current_time(), trio.current_time() - started
-                )
-                if isinstance(decision, Trip):
+            return None
+        while True:
+            self._incarnation += 1
+            runner = Runner(
+                self.model_id,
+                str(path),
+                self._runner_config,
+                incarnation=self._incarnation,
+                on_phase=self._follow,
+            )
+            self._recent.append(runner)
+            self._set(state="loading", loaded=0, total=0)
+            started = trio.current_time()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(runner.run)
+                    self._runner = runner
+                    self._breaker.succeeded()
                     self._set(
-                        state="failed",
-                        failure_reason="crash_loop",
-                        failure_message=f"{decision.crashes} runner failures within "
-                        f"{decision.window:g}s, last: {failure}",
+                        state="ready",
+                        failure_reason=None,
+                        failure_message=None,
+                        breaker=self._breaker.state,
                     )
-                    log.error("model %s: crash loop, not relaunching: %s", self.model_id, failure)
-                    return
-                delay = decision.delay
-                self._set(state="restarting", restarts=self._status.restarts + 1)
-                log.warning("model %s: %s; relaunching in %.1fs", self.model_id, failure, delay)
-                await trio.sleep(delay)
-        finally:
+            except* RunnerError:
+                pass  # recorded as runner.failure
             self._runner = None
-            if self._status.state != "failed":
-                self._set(state="stopped")
+            failure = runner.failure or RunnerCrashed("runner stopped unexpectedly")
+            self._set(failure_reason=failure.reason, failure_message=failure.message)
+            if not failure.retryable:
+                self._set(state="failed")
+                log.error(
+                    "model %s failed: %s (retry: POST /v1/diagnostics/node/retry)",
+                    self.model_id,
+                    failure,
+                )
+                return None
+            decision = self._breaker.record_crash(
+                trio.current_time(), trio.current_time() - started
+            )
+            if isinstance(decision, Cooldown):
+                self._set(
+                    state="failed",
+                    failure_reason="crash_loop",
+                    failure_message=f"{decision.crashes} runner failure(s) within "
+                    f"{decision.window:g}s, last: {failure}",
+                    breaker=self._breaker.state,
+                    crash_loop_trips=decision.trips,
+                )
+                log.error(
+                    "model %s: crash loop (%s); trying once more in %.0fs",
+                    self.model_id,
+                    failure,
+                    decision.delay,
+                )
+                return decision.delay
+            self._set(state="restarting", restarts=self._status.restarts + 1)
+            log.warning(
+                "model %s: %s; relaunching in %.1fs", self.model_id, failure, decision.delay
+            )
+            await trio.sleep(decision.delay)
+
+    async def _wait_for_retry(self, cooldown: float | None) -> None:
+        """Wait out the cool-down (forever when ``None``) unless an operator retries first;
+        then allow one half-open attempt."""
+        self._retry = trio.Event()
+        deadline = math.inf if cooldown is None else trio.current_time() + cooldown
+        self._retry_at = deadline if cooldown is not None else None
+        with trio.move_on_at(deadline):
+            await self._retry.wait()
+        self._retry = None
+        self._retry_at = None
+        self._breaker.half_open()
+        self._set(breaker=self._breaker.state)
+        log.info("model %s: trying again after its failure", self.model_id)
 
     async def generate(
         self, prompt: Prompt, params: SamplingParams

@@ -125,7 +125,10 @@ def test_signal_shuts_down_and_leaves_no_runner(skulk_home: Path, sig: signal.Si
         srv.signal(sig)
         assert srv.wait_exit(30) == 0
         assert not pid_alive(pid)
-        assert "stopped" in srv.log()
+        log = srv.log()
+        assert "stopped" in log
+        # A one-node cluster has nobody to hand leadership to, and says nothing about it.
+        assert "leadership" not in log
     finally:
         srv.stop()
 
@@ -163,3 +166,34 @@ def test_wedged_runner_gives_non_streamed_request_a_504_then_recovers(skulk_home
         first = node.diagnostics()["runners"][0]
         assert first["failure"]["reason"] == "runner_wedged"
         assert any(e["kind"] == "deadline" for e in first["events"])
+
+
+def test_crash_loop_is_visible_and_an_operator_can_retry_at_once(skulk_home: Path) -> None:
+    node = NodeProcess(
+        skulk_home,
+        "--runner-faults", "crash@hello#1;crash@hello#2",
+        "--restart-limit", "1", "--restart-backoff", "0.05", "--crash-loop-cooldown", "3600",
+    )  # fmt: skip
+    node.start(wait_ready=False)
+    try:
+        node.wait_for(lambda: node.get("/health").json()["state"] == "failed", 60, "failed")
+        health = node.get("/health")
+        assert health.status_code == 503
+        body = health.json()
+        assert body["failure"]["reason"] == "crash_loop"
+        assert body["breaker"]["state"] == "open" and body["breaker"]["crash_loops"] == 1
+        assert 3000 < body["breaker"]["retry_in"] <= 3600  # it would try again by itself
+        assert node.diagnostics()["model"]["breaker"] == "open"
+        r = node.post("/v1/diagnostics/node/retry")
+        assert r.status_code == 202 and r.json()["retrying"] is True
+        node.wait_ready(60)
+        assert node.get("/health").json()["breaker"] == {
+            "state": "closed", "crash_loops": 1, "retry_in": None
+        }  # fmt: skip
+        assert node.runner()["incarnation"] == 3
+        # The retry acts only on a failed model: it never restarts a working runner.
+        again = node.post("/v1/diagnostics/node/retry")
+        assert again.status_code == 409 and again.json()["error"]["code"] == "not_failed"
+        assert node.runner()["incarnation"] == 3
+    finally:
+        node.stop()

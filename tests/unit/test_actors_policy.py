@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from skulk.actors import CrashLoopBreaker, Restart, RestartPolicy, Trip
+from skulk.actors import (
+    Cooldown,
+    CooldownPolicy,
+    CrashLoopBreaker,
+    HalfOpenBreaker,
+    Restart,
+    RestartPolicy,
+    Trip,
+)
 
 
 def test_base_backoff_doubles_then_caps() -> None:
@@ -120,3 +128,53 @@ def test_time_must_not_go_backwards() -> None:
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         RestartPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+# ---- HalfOpenBreaker: closed → open (cool-down) → half-open → closed ---------------------------
+
+
+def _half_open_breaker(max_restarts: int = 2) -> HalfOpenBreaker:
+    policy = RestartPolicy(initial_backoff=1.0, jitter=0.0, max_restarts=max_restarts, window=60.0)
+    return HalfOpenBreaker(policy, CooldownPolicy(initial=10.0, maximum=35.0), random.Random(0))
+
+
+def test_cooldown_policy_doubles_up_to_its_maximum() -> None:
+    c = CooldownPolicy(initial=10.0, maximum=35.0)
+    assert [c.delay(n) for n in (1, 2, 3, 4)] == [10.0, 20.0, 35.0, 35.0]
+    with pytest.raises(ValueError):
+        c.delay(0)
+    with pytest.raises(ValueError):
+        CooldownPolicy(initial=10.0, maximum=5.0)
+
+
+def test_half_open_breaker_trips_into_a_cool_down_instead_of_failing_forever() -> None:
+    b = _half_open_breaker()
+    assert isinstance(b.record_crash(0.0, 0.0), Restart)
+    assert isinstance(b.record_crash(1.0, 0.0), Restart)
+    assert b.record_crash(2.0, 0.0) == Cooldown(delay=10.0, trips=1, crashes=3, window=60.0)
+    assert b.state == "open"
+    b.half_open()
+    assert b.state == "half_open"
+    b.succeeded()
+    assert b.state == "closed"
+    # Closed again with a fresh history: the full restart budget is back.
+    assert isinstance(b.record_crash(3.0, 0.0), Restart)
+    assert isinstance(b.record_crash(4.0, 0.0), Restart)
+
+
+def test_a_failed_half_open_try_opens_again_with_a_longer_cool_down() -> None:
+    b = _half_open_breaker(max_restarts=0)
+    assert b.record_crash(0.0, 0.0) == Cooldown(10.0, 1, 1, 60.0)
+    b.half_open()
+    assert b.record_crash(1.0, 0.0) == Cooldown(20.0, 2, 1, 60.0)
+    b.half_open()
+    assert b.record_crash(2.0, 0.0) == Cooldown(35.0, 3, 1, 60.0)
+    assert b.trips == 3
+
+
+def test_a_stable_run_forgets_earlier_trips() -> None:
+    b = _half_open_breaker(max_restarts=0)
+    b.record_crash(0.0, 0.0)
+    b.half_open()
+    b.succeeded()
+    assert b.record_crash(500.0, uptime=400.0) == Cooldown(10.0, 1, 1, 60.0)

@@ -291,9 +291,10 @@ def test_join_instructions_for_a_stored_secret() -> None:
     assert "THIS_HOST" not in text
 
 
-def test_join_instructions_for_a_loopback_listener_say_to_listen_wider() -> None:
+def test_join_instructions_for_a_loopback_listener_are_one_line_and_a_pointer() -> None:
     text = join_instructions(Path("s"), "127.0.0.1:52416", cluster_id="c1")
-    assert "--join ws://THIS_HOST:52416" in text and "--listen 0.0.0.0:52416" in text
+    assert "\n" not in text
+    assert "--listen 0.0.0.0:52416" in text and "docs/operations.md" in text
     wildcard = join_instructions(Path("s"), "0.0.0.0:52416", cluster_id="c1")
     assert "THIS_HOST" in wildcard and "--listen" not in wildcard
 

@@ -29,8 +29,16 @@ def test_partial_match_is_released_when_it_fails() -> None:
     assert m.feed("x") == ("ENx", False)
 
 
-def test_earliest_stop_wins() -> None:
-    assert run(("b", "abc"), ["xxabc"]) == ("xx", True)  # "abc" starts before "b"
+def test_first_stop_to_complete_wins() -> None:
+    # "abc" starts before "b", but "b" completes first: a reader going character by character
+    # stops there.
+    assert run(("b", "abc"), ["xxabc"]) == ("xxa", True)
+    assert run(("c", "DcD"), ["DDcD"]) == ("DD", True)
+    assert run(("c", "DcD"), ["DDc", "D"]) == ("DD", True)
+
+
+def test_stops_completing_together_cut_at_the_longest() -> None:
+    assert run(("bc", "abc"), ["xabcx"]) == ("x", True)
 
 
 def test_no_stops_passes_through() -> None:
@@ -51,6 +59,33 @@ def test_any_chunking_emits_text_before_first_stop(
 ) -> None:
     points = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     deltas = [text[a:b] for a, b in itertools.pairwise(points)]
-    hits = [i for s in stops if (i := text.find(s)) >= 0]
-    expected = (text[: min(hits)], True) if hits else (text, False)
-    assert run(tuple(stops), deltas) == expected
+    assert run(tuple(stops), deltas) == one_character_at_a_time(text, stops)
+
+
+@given(
+    text=st.text(alphabet="abcE ND", max_size=40),
+    stops=st.lists(st.text(alphabet="abcEND", min_size=1, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 40), max_size=10),
+)
+def test_nothing_emitted_is_ever_taken_back(text: str, stops: list[str], cuts: list[int]) -> None:
+    """Every emitted piece is a prefix of the final output, at every chunking."""
+    points = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    m = StopMatcher(tuple(stops))
+    final, _ = one_character_at_a_time(text, stops)
+    emitted = ""
+    for a, b in itertools.pairwise(points):
+        piece, stopped = m.feed(text[a:b])
+        emitted += piece
+        assert final.startswith(emitted)
+        if stopped:
+            break
+
+
+def one_character_at_a_time(text: str, stops: list[str]) -> tuple[str, bool]:
+    """The oracle: read ``text`` character by character; stop as soon as a stop string has
+    completed, cutting at the start of the longest one that completed on that character."""
+    for end in range(1, len(text) + 1):
+        done = [end - len(s) for s in stops if s and text[:end].endswith(s)]
+        if done:
+            return text[: min(done)], True
+    return text, False
