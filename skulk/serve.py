@@ -111,7 +111,9 @@ async def serve(
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
     hc.graceful_timeout = GRACEFUL_TIMEOUT
-    hc.accesslog = logging.getLogger("skulk.access")
+    # The app logs each request once on "skulk.access" (skulk.api's RequestGuard); Hypercorn's
+    # own access log writes a second "- -" line when a client closes as a response ends.
+    hc.accesslog = None
     hc.errorlog = logging.getLogger("skulk.http")
     hc.keep_alive_timeout = 75
     shutdown = trio.Event()

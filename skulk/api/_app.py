@@ -1,24 +1,23 @@
-"""The Quart-Trio application: OpenAI-compatible routes, health and the WebSocket endpoint."""
+"""The Quart-Trio application: OpenAI-compatible routes, health and the WebSocket endpoint.
+
+Every request runs under :class:`~skulk.api._guard.RequestGuard` (whole body first, one log
+line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http_errors`).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncIterator
 
 import attrs
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
-from skulk.api._openai import (
-    SSE_DONE,
-    ApiError,
-    parse_chat_completions,
-    parse_completions,
-    sse_event,
-)
-from skulk.api._stream import Request, complete, stream_chunks, unavailable_error
+from skulk.api._guard import RequestGuard, close_with_request
+from skulk.api._http_errors import install_error_handlers, json_response
+from skulk.api._json_body import LARGE_BODY, MAX_BODY, parse_json_body
+from skulk.api._openai import ApiError, parse_chat_completions, parse_completions
+from skulk.api._stream import Request, complete, open_stream, sse_body, unavailable_error
 from skulk.api._ws import serve_websocket
 from skulk.consensus import ConsensusService
 from skulk.federation import Mesh, TelemetryGossip
@@ -26,6 +25,9 @@ from skulk.runner import Runner
 from skulk.worker import ModelService, ModelUnavailable
 
 log = logging.getLogger("skulk.api")
+
+#: How long a request body may take to arrive (408 after).
+BODY_TIMEOUT = 60.0
 
 
 def create_app(
@@ -36,27 +38,15 @@ def create_app(
 ) -> QuartTrio:
     """The HTTP API for a node serving ``service``'s model, in ``cluster``'s mesh."""
     app = QuartTrio("skulk")
-    app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
-
-    @app.errorhandler(ApiError)
-    async def api_error(exc: ApiError) -> Response:
-        return _json(exc.envelope(), exc.status)
-
-    @app.errorhandler(HTTPException)
-    async def http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        kind = {404: "not_found_error"}.get(
-            status, "server_error" if status >= 500 else "invalid_request_error"
-        )
-        code = exc.name.lower().replace(" ", "_")
-        err = ApiError(status, exc.description or exc.name, type=kind, code=code)
-        return _json(err.envelope(), status)
-
-    @app.errorhandler(Exception)
-    async def internal_error(exc: Exception) -> Response:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        err = ApiError.server_error("internal server error", code="internal")
-        return _json(err.envelope(), 500)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
+    app.asgi_app = RequestGuard(  # type: ignore[method-assign,assignment]
+        app.asgi_app,
+        max_body=MAX_BODY,
+        body_timeout=BODY_TIMEOUT,
+        access_log=logging.getLogger("skulk.access"),
+    )
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> Response:
@@ -121,8 +111,7 @@ def create_app(
     async def cluster_nodes() -> Response:
         return _json(gossip.nodes_json() if gossip is not None else {"nodes": []}, 200)
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    def model_card() -> dict[str, object]:
         s = service.status()
         card: dict[str, object] = {
             "id": s.model_id,
@@ -133,7 +122,18 @@ def create_app(
         }
         if s.failure_reason:
             card["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
-        return _json({"object": "list", "data": [card]}, 200)
+        return card
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return _json({"object": "list", "data": [model_card()]}, 200)
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        """One model card (``models.retrieve``); ids may contain slashes (``org/name``)."""
+        if model_id != service.model_id:
+            raise ApiError.model_not_found(model_id)
+        return _json(model_card(), 200)
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
@@ -150,17 +150,12 @@ def create_app(
             raise unavailable_error(ModelUnavailable(service.status()))
         if not req.stream:
             return _json(await complete(service, req), 200)
-
-        async def events() -> AsyncIterator[bytes]:
-            # A client disconnect cancels this generator; leaving it cancels the generation.
-            try:
-                async for chunk in stream_chunks(service, req):
-                    yield sse_event(chunk)
-            except ApiError as exc:
-                yield sse_event(exc.envelope())
-            yield SSE_DONE
-
-        response = Response(events(), status=200, content_type="text/event-stream")
+        # Commit to a stream only once the first token (or the end) is here: an earlier failure
+        # is a plain error response. The request owns the generation from here on, so it is
+        # cancelled on the runner even if the response body is never iterated.
+        opened = await open_stream(service, req)
+        close_with_request(opened.aclose)
+        response = Response(sse_body(opened), status=200, content_type="text/event-stream")
         response.headers["Cache-Control"] = "no-cache"
         response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut long streams
         return response
@@ -173,13 +168,21 @@ def create_app(
 
 
 async def _body() -> object:
+    """The request's JSON body, checked by :func:`parse_json_body` (400 otherwise); 415 for a
+    body declared as something JSON cannot be (a form upload, an image). No Content-Type,
+    ``text/plain`` and ``application/x-www-form-urlencoded`` — what ``curl -d`` sends unless
+    told otherwise — are read as JSON."""
+    mimetype = request.mimetype
+    if mimetype and mimetype not in _READ_AS_JSON and not mimetype.endswith("+json"):
+        raise ApiError.unsupported_media_type(mimetype)
     raw = await request.get_data(as_text=False)
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ApiError.invalid(
-            None, f"request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
+    if len(raw) >= LARGE_BODY:  # megabytes of JSON would stall every stream on the loop
+        return await trio.to_thread.run_sync(parse_json_body, raw)
+    return parse_json_body(raw)
+
+
+#: Content types whose bodies are read as JSON (besides ``…+json`` and none at all).
+_READ_AS_JSON = frozenset({"application/json", "text/plain", "application/x-www-form-urlencoded"})
 
 
 def _runner_diagnostics(runner: Runner) -> dict[str, object]:
@@ -196,4 +199,4 @@ def _runner_diagnostics(runner: Runner) -> dict[str, object]:
 
 
 def _json(body: object, status: int) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
+    return json_response(body, status)

@@ -29,6 +29,12 @@ def _show(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters: names a client chose (a model, an unknown field)
+    are echoed in errors, and a megabyte-long name must not come back in full."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _json_type(value: object) -> str:
     """The JSON name of a value's type, for "expected X, got Y" messages."""
     if value is None:
@@ -137,6 +143,7 @@ class ApiError(Exception):
     @classmethod
     def unknown_parameter(cls, param: str) -> ApiError:
         """400: a field the format does not define (OpenAI rejects these too)."""
+        param = _clip(param)
         return cls.invalid(
             param,
             f"Unrecognized request argument supplied: {param}",
@@ -151,11 +158,41 @@ class ApiError(Exception):
     # ---- other statuses, for the HTTP layer -------------------------------------------------
 
     @classmethod
+    def not_found(cls, message: str, *, code: str = "not_found") -> ApiError:
+        """404: no such route (or resource other than a model)."""
+        return cls(404, message, type=NOT_FOUND, code=code)
+
+    @classmethod
+    def too_large(cls, limit: int) -> ApiError:
+        """413: the request body is larger than the server reads (``limit`` bytes)."""
+        return cls(
+            413,
+            f"The request body is larger than {limit} bytes.",
+            code="request_entity_too_large",
+        )
+
+    @classmethod
+    def body_timeout(cls, seconds: float) -> ApiError:
+        """408: the request body did not arrive within ``seconds``."""
+        return cls(
+            408, f"The request body did not arrive within {seconds:g} s.", code="request_timeout"
+        )
+
+    @classmethod
+    def unsupported_media_type(cls, mimetype: str) -> ApiError:
+        """415: the body is declared as something other than JSON."""
+        return cls(
+            415,
+            f"Unsupported Content-Type '{_clip(mimetype)}': send the body as application/json.",
+            code="unsupported_media_type",
+        )
+
+    @classmethod
     def model_not_found(cls, model: str) -> ApiError:
         """404: no model of that name is known to the cluster."""
         return cls(
             404,
-            f"The model '{model}' does not exist.",
+            f"The model '{_clip(model)}' does not exist.",
             type=NOT_FOUND,
             param="model",
             code="model_not_found",

@@ -1,14 +1,23 @@
-"""Turning one generation into OpenAI-shaped output (shared by HTTP, SSE and WebSocket)."""
+"""Turning one generation into OpenAI-shaped output (shared by HTTP, SSE and WebSocket).
+
+A streamed request is committed only once its first item has arrived (:func:`open_stream`):
+whatever fails before that — model not ready, prompt too long, any runner failure — is a plain
+error response (or one WebSocket error message), never a stream that starts and then fails.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
+
+import trio
 
 from skulk.api._openai import (
     CHAT_ID_PREFIX,
     COMPLETION_ID_PREFIX,
+    SSE_DONE,
     ApiError,
     ChatCompletionsRequest,
     ChatStream,
@@ -17,8 +26,11 @@ from skulk.api._openai import (
     chat_completion,
     completion,
     new_request_id,
+    sse_event,
 )
 from skulk.worker import Generation, ModelService, ModelUnavailable, RequestFailure
+
+log = logging.getLogger("skulk.api")
 
 Request = ChatCompletionsRequest | CompletionsRequest
 
@@ -68,26 +80,105 @@ class Output:
         return make(self.id, self.created, self.request.model, text, end.finish_reason, end.usage)
 
 
-async def stream_chunks(
-    service: ModelService, request: Request
-) -> AsyncIterator[dict[str, object]]:
-    """Chunks of one streamed generation. Raises :class:`ApiError` if it fails (before or
-    mid-way); leaving early cancels the generation."""
-    out = Output(request)
-    if isinstance(out.stream, ChatStream):
-        yield out.stream.opening()
-    try:
-        async with aclosing(service.generate(request.prompt, request.params)) as items:
-            async for item in items:
+class OpenedStream:
+    """A streamed generation whose first item has arrived: the point where a stream may start.
+
+    Made by :func:`open_stream`, which raises :class:`ApiError` instead when the generation
+    fails before any output (model not ready, prompt too long, runner failure): the caller
+    answers that as a plain error, before any stream was committed.
+
+    An ``OpenedStream`` owns a running generation on a runner. Iterate :meth:`chunks` at most
+    once, and always :meth:`aclose` it — also when :meth:`chunks` was never iterated (the client
+    went away before the response body started): closing cancels the request on the runner.
+    ``aclose`` is idempotent; an HTTP handler hands it to
+    :func:`~skulk.api._guard.close_with_request` so it runs whatever becomes of the response.
+    """
+
+    def __init__(
+        self,
+        request: Request,
+        items: AsyncGenerator[str | Generation, None],
+        first: str | Generation,
+    ) -> None:
+        self._out = Output(request)
+        self._items = items
+        self._first: str | Generation | None = first
+
+    async def chunks(self) -> AsyncGenerator[dict[str, object], None]:
+        """The OpenAI chunks: the opening chunk (chat), the first item's, then the rest.
+        Raises :class:`ApiError` if the generation fails mid-way."""
+        out = self._out
+        if isinstance(out.stream, ChatStream):
+            yield out.stream.opening()
+        first, self._first = self._first, None
+        if first is None:
+            raise RuntimeError("OpenedStream.chunks() iterated twice")
+        try:
+            for chunk in self._emit(first):
+                yield chunk
+            if isinstance(first, Generation):
+                return
+            async for item in self._items:
+                for chunk in self._emit(item):
+                    yield chunk
                 if isinstance(item, Generation):
-                    for chunk in out.stream.closing(item.finish_reason, item.usage):
-                        yield chunk
-                elif item:
-                    yield out.stream.content(item)
+                    return
+        except ModelUnavailable as exc:
+            raise unavailable_error(exc) from exc
+        except RequestFailure as exc:
+            raise failure_error(exc, out.request) from exc
+        raise ApiError.server_error("generation ended without a result", code="internal")
+
+    def _emit(self, item: str | Generation) -> list[dict[str, object]]:
+        if isinstance(item, Generation):
+            return self._out.stream.closing(item.finish_reason, item.usage)
+        return [self._out.stream.content(item)] if item else []
+
+    async def aclose(self) -> None:
+        """Stop the generation if it still runs (cancels it on the runner); idempotent."""
+        await self._items.aclose()
+
+
+async def open_stream(service: ModelService, request: Request) -> OpenedStream:
+    """Start ``request``'s generation and wait for its first item (text or the end).
+
+    Raises :class:`ApiError` if it fails first — nothing is left running then. Otherwise the
+    caller owns the returned :class:`OpenedStream` and must close it.
+    """
+    items = service.generate(request.prompt, request.params)
+    try:
+        first = await anext(items)
+    except StopAsyncIteration:
+        raise ApiError.server_error("generation ended without a result", code="internal") from None
     except ModelUnavailable as exc:
         raise unavailable_error(exc) from exc
     except RequestFailure as exc:
         raise failure_error(exc, request) from exc
+    except BaseException:  # cancelled while waiting, or a bug: leave nothing running
+        with trio.CancelScope(shield=True):
+            await items.aclose()
+        raise
+    return OpenedStream(request, items, first)
+
+
+async def sse_body(opened: OpenedStream) -> AsyncGenerator[bytes, None]:
+    """The SSE body of an opened stream: ``data:`` events, then ``data: [DONE]``.
+
+    A failure after the stream started (the runner crashed, a deadline) ends it with an error
+    event, then ``[DONE]``, never with a cut connection. Closes ``opened`` when it ends.
+    """
+    try:
+        async with aclosing(opened.chunks()) as chunks:
+            async for chunk in chunks:
+                yield sse_event(chunk)
+    except ApiError as exc:
+        yield sse_event(exc.envelope())
+    except Exception:
+        log.exception("a stream failed after it started")
+        yield sse_event(ApiError.server_error("internal server error", code="internal").envelope())
+    finally:
+        await opened.aclose()
+    yield SSE_DONE
 
 
 async def complete(service: ModelService, request: Request) -> dict[str, object]:

@@ -10,19 +10,29 @@ messages, then exactly one ``{"id", "type": "done"}`` or ``{"id", "type": "error
 {...}}`` (a cancelled request ends with an error whose ``code`` is ``"cancelled"``). A message
 that cannot be attributed to a request gets an error with ``"id": null``. Closing the socket
 cancels everything in flight.
+
+A request can fail only itself: a bad body (``param`` names the field inside ``body``, e.g.
+``messages[0].content`` for a lone surrogate), a failure before the first token (then the
+error is the request's only message) or after it, even a bug, ends that request with its
+error message; the socket and the other requests on it go on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from contextlib import aclosing
 from typing import Any
 
 import trio
 from quart import websocket
 
+from skulk.api._json_body import LARGE_BODY, MAX_BODY, check_json_value
 from skulk.api._openai import ApiError, parse_chat_completions
-from skulk.api._stream import stream_chunks
+from skulk.api._stream import open_stream
 from skulk.worker import ModelService
+
+log = logging.getLogger("skulk.api")
 
 #: Requests one socket may have in flight; more are refused with ``too_many_requests``.
 MAX_IN_FLIGHT = 32
@@ -44,15 +54,24 @@ async def serve_websocket(service: ModelService) -> None:
         try:
             with scope:
                 try:
+                    check_json_value(body)
                     if isinstance(body, dict):
                         body = {**body, "stream": True}  # always streamed over the socket
                     req = parse_chat_completions(body)
                     if req.model != service.model_id:
                         raise ApiError.model_not_found(req.model)
-                    async for chunk in stream_chunks(service, req):
-                        await send({"id": rid, "type": "chunk", "data": chunk})
+                    async with (
+                        aclosing(await open_stream(service, req)) as opened,
+                        aclosing(opened.chunks()) as chunks,
+                    ):
+                        async for chunk in chunks:
+                            await send({"id": rid, "type": "chunk", "data": chunk})
                 except ApiError as exc:
                     await error(rid, exc)
+                    return
+                except Exception:
+                    log.exception("WebSocket request %r failed", rid)
+                    await error(rid, ApiError.server_error("internal error", code="internal"))
                     return
                 await send({"id": rid, "type": "done"})
             if scope.cancelled_caught:
@@ -63,8 +82,14 @@ async def serve_websocket(service: ModelService) -> None:
     async with trio.open_nursery() as nursery:
         while True:
             raw = await ws.receive()
+            if len(raw) > MAX_BODY:  # as for an HTTP body: the runner frame must fit
+                await error(None, ApiError.too_large(MAX_BODY))
+                continue
             try:
-                message = json.loads(raw)
+                if len(raw) >= LARGE_BODY:  # megabytes of JSON would stall the event loop
+                    message = await trio.to_thread.run_sync(json.loads, raw)
+                else:
+                    message = json.loads(raw)
             except (TypeError, ValueError, RecursionError):
                 await error(None, _bad("message is not valid JSON text", None))
                 continue
@@ -74,6 +99,11 @@ async def serve_websocket(service: ModelService) -> None:
             rid = message.get("id")
             if not isinstance(rid, str) or not rid:
                 await error(None, _bad("id must be a non-empty string", "id"))
+                continue
+            try:
+                check_json_value(rid, "id")  # an id we could not even send back
+            except ApiError as exc:
+                await error(None, exc)
                 continue
             kind = message.get("type")
             if kind == "cancel":

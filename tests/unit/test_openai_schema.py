@@ -1041,3 +1041,25 @@ def test_openai_client_sees_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.code == "model_not_found"
+
+
+def test_names_a_client_chose_are_echoed_short() -> None:
+    """A megabyte-long field name or model is named, not sent back in full."""
+    huge = "k" * 100_000
+    err = rejected(parse_chat_completions, {**chat(), huge: 1})
+    assert err.code == "unknown_parameter"
+    assert err.param is not None and len(err.param) <= 80 and err.param.startswith("kkk")
+    assert len(err.message) < 200
+    body = {"model": "m", "prompt": "x", "stream": True, "stream_options": {huge: 1}}
+    err = rejected(parse_completions, body)
+    assert (
+        err.param is not None and err.param.startswith("stream_options.") and len(err.param) <= 80
+    )
+    assert len(ApiError.model_not_found(huge).message) < 200
+
+
+@pytest.mark.parametrize("value", [2**63, 2**70, -(2**63) - 1, 10**30])
+@pytest.mark.parametrize("field", ["seed", "max_tokens", "max_completion_tokens", "top_k"])
+def test_integers_beyond_64_bits_are_range_errors(field: str, value: int) -> None:
+    err = rejected(parse_chat_completions, chat(**{field: value}))
+    assert (err.param, err.code) == (field, "invalid_value")
