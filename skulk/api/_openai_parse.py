@@ -38,6 +38,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for legacy completions (also used for an explicit null)."""
 
 MAX_STOP_SEQUENCES = 4
+#: The longest stop string (characters): the runner checks every one against the text it holds
+#: back after every token, so a huge one would slow every stream of the runner.
+MAX_STOP_LENGTH = 1024
 
 
 @attrs.frozen
@@ -291,6 +294,12 @@ def _stop_string(value: object, param: str) -> str:
     if not value:
         # An empty stop string would end every generation before its first token.
         raise ApiError.invalid(param, f"Invalid value for '{param}': must not be empty.")
+    if len(value) > MAX_STOP_LENGTH:
+        raise ApiError.invalid(
+            param,
+            f"Invalid value for '{param}': at most {MAX_STOP_LENGTH} characters, "
+            f"got {len(value)}.",
+        )
     return value
 
 

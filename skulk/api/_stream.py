@@ -34,8 +34,11 @@ log = logging.getLogger("skulk.api")
 
 Request = ChatCompletionsRequest | CompletionsRequest
 
-#: Runner failure reasons caused by the request itself: 400 naming this field.
-_CLIENT_REASONS = {"prompt_too_long", "empty_prompt"}
+#: Runner failure reasons caused by the request's prompt: 400 naming it.
+_PROMPT_REASONS = {"prompt_too_long", "empty_prompt"}
+#: Runner failure reasons caused by the request otherwise (a value the runner cannot serve):
+#: 400 with no single field to blame.
+_REQUEST_REASONS = {"invalid_request"}
 #: Runner deadlines that ended a request: 504, as for any deadline.
 _DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
 
@@ -51,9 +54,11 @@ def unavailable_error(exc: ModelUnavailable) -> ApiError:
 
 def failure_error(exc: RequestFailure, request: Request) -> ApiError:
     """Map a typed request failure to what the client sees."""
-    if exc.reason in _CLIENT_REASONS:
+    if exc.reason in _PROMPT_REASONS:
         param = "prompt" if isinstance(request, CompletionsRequest) else "messages"
         return ApiError.invalid(param, exc.message, code=exc.reason)
+    if exc.reason in _REQUEST_REASONS:
+        return ApiError.invalid(None, exc.message, code=exc.reason)
     message = f"generation failed: {exc.reason}: {exc.message}"
     if exc.reason in _DEADLINE_REASONS:
         return ApiError(504, message, type="timeout_error", code=exc.reason)

@@ -4,26 +4,21 @@ The runner process itself is ``python -m skulk.runner`` (see ``_child.py``); its
 mlx and is never imported by the node.
 """
 
+from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
     CancelTimeout,
     HelloTimeout,
     LoadFailed,
     LoadTimeout,
     ProtocolError,
+    RequestRejected,
     RunnerCrashed,
     RunnerError,
     RunnerWedged,
     WarmupTimeout,
 )
-from skulk.runner._process import (
-    TRANSITIONS,
-    Phase,
-    RequestEvent,
-    Runner,
-    RunnerConfig,
-    RunnerStatistics,
-    terminate_group,
-)
+from skulk.runner._group import terminate_group
+from skulk.runner._process import RequestEvent, Runner
 from skulk.runner._recorder import FlightEvent, FlightRecorder
 
 __all__ = [
@@ -37,6 +32,7 @@ __all__ = [
     "Phase",
     "ProtocolError",
     "RequestEvent",
+    "RequestRejected",
     "Runner",
     "RunnerConfig",
     "RunnerCrashed",

@@ -5,7 +5,10 @@ thread runs the engine and a reader thread turns the socket's bytes into frames 
 main thread looks at that queue between decode steps, so a ``Cancel`` takes effect within one
 token, and it sends a ``Heartbeat`` every heartbeat interval — while idle, between prefill
 chunks and between decode steps — so a runner whose main loop is stuck falls silent and the node
-can tell it is wedged. Frames are written under a lock.
+can tell it is wedged. Nothing a request carries may stall that loop for long: prompts are
+tokenized on a worker thread (:mod:`skulk.runner._prepare`) whose results come back through the
+same queue, and sampling parameters never trigger a compilation (:mod:`skulk.runner._sampling`).
+Frames are written under a lock.
 
 The runner never outlives its node: a watchdog thread exits the process within 0.2 s of the
 parent pid changing (the node died, even by SIGKILL), and the node's socket closing ends it too.
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from skulk import __version__
 from skulk.runner._engine import Engine, Generation, RequestError
+from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
 from skulk.runner.faults import Faults
 from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, WireError
@@ -47,7 +51,6 @@ from skulk.wire.runner import (
     RunnerFailed,
     Shutdown,
     TokenChunk,
-    ToRunner,
     Usage,
     WarmedUp,
 )
@@ -67,7 +70,7 @@ class _Link:
         self._interval = heartbeat_interval
         self._last_beat = time.monotonic()
         self._seq = 0
-        self.inbox: queue.Queue[ToRunner | object] = queue.Queue()
+        self.inbox: queue.Queue[object] = queue.Queue()  # frames, Prepared prompts, _EOF
 
     def send(self, frame: FromRunner) -> None:
         data = FROM_RUNNER.pack(frame)
@@ -83,7 +86,7 @@ class _Link:
         self._seq += 1
         self.send(Heartbeat(seq=self._seq, rss_bytes=_rss(), mlx_active_bytes=_mlx_active()))
 
-    def next_frame(self, block: bool) -> ToRunner | object | None:
+    def next_frame(self, block: bool) -> object | None:
         """The next frame; when ``block``, wait for one, beating while idle."""
         while True:
             try:
@@ -122,7 +125,7 @@ def main(fd: int, parent_pid: int, incarnation: int, heartbeat_interval: float) 
         except (BrokenPipeError, ConnectionResetError):
             raise  # the link itself, handled below
         except Exception as exc:
-            link.send(RunnerFailed(reason=_load_failure_reason(exc), message=str(exc)))
+            link.send(RunnerFailed(reason=_load_failure_reason(exc), message=shorten(str(exc))))
             return 2
         return _serve(link, engine, faults)
     except (BrokenPipeError, ConnectionResetError):
@@ -155,53 +158,104 @@ def _load_failure_reason(exc: Exception) -> str:
 
 
 def _serve(link: _Link, engine: Engine, faults: Faults) -> int:
-    active: dict[str, Generation] = {}
+    requests = _Requests(link, engine)
     while True:
         # Block for work only when idle; otherwise take what has arrived and keep decoding.
-        frames = [] if active else [link.next_frame(block=True)]
+        frames = [] if requests.active else [link.next_frame(block=True)]
         while (frame := link.next_frame(block=False)) is not None:
             frames.append(frame)
         for frame in frames:
             if frame is _EOF or isinstance(frame, Shutdown):
                 return 0
             if isinstance(frame, Generate):
-                _start(link, engine, active, frame)
+                requests.accept(frame)
+            elif isinstance(frame, Prepared):
+                requests.start(frame)
             elif isinstance(frame, Cancel):
                 faults.hit("cancel")
-                gen = active.pop(frame.request_id, None)
-                if gen is not None:
-                    link.send(_finished(frame.request_id, gen, "cancelled"))
+                requests.cancel(frame.request_id)
             else:
                 log.error("runner: unexpected frame %r", frame)
                 return 3
-        for request_id, gen in list(active.items()):
+        for request_id, gen in list(requests.active.items()):
             faults.hit("decode", gen.completion_tokens)
-            try:
-                step = gen.step()
-            except Exception as exc:
-                log.exception("runner: decode step failed")
-                del active[request_id]
-                link.send(RequestFailed(request_id, "engine_error", f"decode failed: {exc}"))
-                continue
-            if step.token_ids or step.text:
-                link.send(TokenChunk(request_id, step.token_ids, step.text))
-            if step.finish_reason is not None:
-                del active[request_id]
-                link.send(_finished(request_id, gen, step.finish_reason))
+            requests.step(request_id, gen)
         link.beat()
 
 
-def _start(link: _Link, engine: Engine, active: dict[str, Generation], req: Generate) -> None:
-    if req.request_id in active:
-        link.send(RequestFailed(req.request_id, "duplicate_request", "request id already active"))
-        return
-    try:
-        active[req.request_id] = engine.start(req.prompt, req.params, tick=link.beat)
-    except RequestError as exc:
-        link.send(RequestFailed(req.request_id, exc.reason, exc.message))
-    except Exception as exc:
-        log.exception("runner: could not start request")
-        link.send(RequestFailed(req.request_id, "engine_error", f"prefill failed: {exc}"))
+class _Requests:
+    """The requests a runner serves: those whose prompt is being tokenized (``waiting``, on the
+    :class:`PromptPreparer`'s thread) and those decoding (``active``, on the main thread).
+
+    Every request ends with exactly one ``Finished`` or ``RequestFailed``, and a failure of one
+    request — a refusal, an engine exception — ends only that request. Every ``Cancel`` is
+    answered with one ``Finished(cancelled)``: for an active or waiting request that is its end;
+    for an id the runner does not know (it finished first, or never started) it is a bare
+    acknowledgement with zero usage, which the node needs to clear its cancel deadline.
+    """
+
+    def __init__(self, link: _Link, engine: Engine) -> None:
+        self._link = link
+        self._engine = engine
+        self._preparer = PromptPreparer(engine.tokenize, link.inbox)
+        self.active: dict[str, Generation] = {}
+        self.waiting: dict[str, int] = {}  # request id → job number of its tokenization
+
+    def accept(self, req: Generate) -> None:
+        if req.request_id in self.active or req.request_id in self.waiting:
+            self._fail(req.request_id, "duplicate_request", "request id already active")
+            return
+        try:
+            self._engine.check_params(req.params)
+        except RequestError as exc:
+            self._fail(req.request_id, exc.reason, exc.message)
+            return
+        self.waiting[req.request_id] = self._preparer.submit(req)
+
+    def start(self, prepared: Prepared) -> None:
+        """Prefill a tokenized prompt (ticking between chunks) and make it active."""
+        req = prepared.request
+        if self.waiting.get(req.request_id) != prepared.job:
+            return  # cancelled while it was tokenized: already answered
+        del self.waiting[req.request_id]
+        if prepared.failure is not None:
+            self._fail(req.request_id, *prepared.failure)
+            return
+        try:
+            gen = self._engine.generation(list(prepared.tokens), req.params, tick=self._link.beat)
+        except RequestError as exc:
+            self._fail(req.request_id, exc.reason, exc.message)
+        except Exception as exc:
+            log_failure("could not start a request", exc)
+            self._fail(req.request_id, "engine_error", f"prefill failed: {exc}")
+        else:
+            self.active[req.request_id] = gen
+
+    def step(self, request_id: str, gen: Generation) -> None:
+        try:
+            step = gen.step()
+        except Exception as exc:
+            log_failure("a decode step failed", exc)
+            del self.active[request_id]
+            self._fail(request_id, "engine_error", f"decode failed: {exc}")
+            return
+        if step.token_ids or step.text:
+            self._link.send(TokenChunk(request_id, step.token_ids, step.text))
+        if step.finish_reason is not None:
+            del self.active[request_id]
+            self._link.send(_finished(request_id, gen, step.finish_reason))
+
+    def cancel(self, request_id: str) -> None:
+        gen = self.active.pop(request_id, None)
+        if gen is not None:
+            self._link.send(_finished(request_id, gen, "cancelled"))
+            return
+        # Waiting (its tokens are dropped when they come) or unknown: acknowledge all the same.
+        self.waiting.pop(request_id, None)
+        self._link.send(Finished(request_id, "cancelled", Usage(0, 0)))
+
+    def _fail(self, request_id: str, reason: str, message: str) -> None:
+        self._link.send(RequestFailed(request_id, reason, shorten(message)))
 
 
 def _finished(request_id: str, gen: Generation, reason: FinishReason) -> Finished:

@@ -1,14 +1,21 @@
 """The inference engine inside a runner process: an mlx-lm model, our own decode loop.
 
-Everything here is synchronous and runs on the runner's main thread. Several generations may be
-active at once; the runner advances each by one token in turn. Each generation owns its KV cache,
-its random key (so a seeded request gives the same tokens whatever else runs beside it), its
-streaming detokenizer and its stop matcher.
+Two halves with different threading rules:
+
+* :meth:`Engine.tokenize` touches only the tokenizer (no mlx) and is safe to call from a worker
+  thread while the main thread decodes: the runner tokenizes prompts off its main loop (see
+  :mod:`skulk.runner._prepare`), so a huge prompt never stops the other streams or the
+  heartbeats. A prompt that cannot fit the context is refused before it is tokenized when the
+  tokenizer allows a sound character bound (:mod:`skulk.runner._prompt_bound`).
+* Everything else is synchronous and runs on the runner's main thread. Several generations may
+  be active at once; the runner advances each by one token in turn. Each generation owns its KV
+  cache, its sampler and random key (so a seeded request gives the same tokens whatever else
+  runs beside it), its streaming detokenizer and its stop matcher.
 """
 
 from __future__ import annotations
 
-import os
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -16,10 +23,11 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import apply_top_k, apply_top_p
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
+from skulk.runner._prompt_bound import max_chars_per_token
+from skulk.runner._sampling import Sampler, check_params
 from skulk.runner._stops import StopMatcher
 from skulk.wire.runner import ChatPrompt, FinishReason, Prompt, SamplingParams, TextPrompt
 
@@ -47,13 +55,20 @@ class Step:
 
 
 class Engine:
-    """A loaded model and tokenizer, ready to start generations."""
+    """A loaded model and tokenizer, ready to start generations.
+
+    ``max_chars_per_token`` is the most characters of (rendered) prompt text one token can
+    stand for, or ``None`` when the tokenizer's pipeline allows no sound bound; a prompt of
+    ``context_length * max_chars_per_token`` characters or more cannot fit and is refused
+    without being tokenized.
+    """
 
     def __init__(self, model: Any, tokenizer: TokenizerWrapper, context_length: int) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
+        self.max_chars_per_token = _chars_per_token(tokenizer)
 
     @classmethod
     def load(cls, path: Path, progress: Callable[[int, int], None]) -> Engine:
@@ -72,36 +87,94 @@ class Engine:
         context = int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
         return cls(model, tokenizer, context)
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids; raises :class:`RequestError` (``prompt_too_long``,
+        ``empty_prompt``) for one that cannot be served. Touches only the tokenizer: safe on a
+        worker thread. A chat prompt is rendered by the chat template, then encoded without
+        added special tokens (what ``apply_chat_template(tokenize=True)`` does)."""
         tok: Any = self.tokenizer
         if isinstance(prompt, ChatPrompt):
             messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(ids)
-        assert isinstance(prompt, TextPrompt)
-        return list(tok.encode(prompt.text))
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if not isinstance(text, str):
+                raise TypeError(f"the chat template rendered {type(text).__name__}, not str")
+            self._check_length(text)
+            ids = tok.encode(text, add_special_tokens=False)
+        else:
+            assert isinstance(prompt, TextPrompt)
+            self._check_length(prompt.text)
+            ids = tok.encode(prompt.text)
+        if not ids:
+            raise RequestError("empty_prompt", "the prompt encodes to no tokens")
+        if len(ids) >= self.context_length:
+            raise RequestError(
+                "prompt_too_long",
+                f"the prompt has {len(ids)} tokens; this model's context is "
+                f"{self.context_length} tokens",
+            )
+        return [int(i) for i in ids]
+
+    def _check_length(self, text: str) -> None:
+        """Refuse, before tokenizing it, a text too long to fit whatever its tokens."""
+        per_token = self.max_chars_per_token
+        if per_token is not None and len(text) >= self.context_length * per_token:
+            raise RequestError(
+                "prompt_too_long",
+                f"the prompt has {len(text)} characters; this model's context is "
+                f"{self.context_length} tokens of at most {per_token} characters each",
+            )
+
+    @staticmethod
+    def check_params(params: SamplingParams) -> None:
+        """Refuse with :class:`RequestError` (``invalid_request``) sampling parameters that
+        have no meaning (negative temperature, ``max_tokens < 1``, …)."""
+        problem = check_params(params)
+        if problem is not None:
+            raise RequestError("invalid_request", problem)
+
+    def generation(
+        self, tokens: list[int], params: SamplingParams, tick: Callable[[], None] = lambda: None
+    ) -> Generation:
+        """Prefill ``tokens`` (from :meth:`tokenize`), calling ``tick()`` between chunks."""
+        self.check_params(params)
+        return Generation(self, tokens, params, tick)
 
     def start(
         self, prompt: Prompt, params: SamplingParams, tick: Callable[[], None] = lambda: None
     ) -> Generation:
-        """Tokenize and prefill (calling ``tick()`` between prefill chunks); refuses with
-        :class:`RequestError` a prompt that is empty or does not fit the context."""
-        tokens = self.encode(prompt)
-        if not tokens:
-            raise RequestError("empty_prompt", "the prompt encodes to no tokens")
-        if len(tokens) >= self.context_length:
-            raise RequestError(
-                "prompt_too_long",
-                f"the prompt has {len(tokens)} tokens; this model's context is "
-                f"{self.context_length} tokens",
-            )
-        return Generation(self, tokens, params, tick)
+        """Tokenize and prefill on this thread (the warm-up, tests); refuses with
+        :class:`RequestError` what :meth:`check_params` or :meth:`tokenize` refuse."""
+        self.check_params(params)  # before tokenizing: the cheaper refusal first
+        return self.generation(self.tokenize(prompt), params, tick)
 
     def warm_up(self) -> None:
-        """Run one tiny generation so the first real request does not pay for lazy set-up."""
-        gen = self.start(TextPrompt("warm up"), SamplingParams(temperature=0.0, max_tokens=2))
-        while gen.step().finish_reason is None:
-            pass
+        """Run tiny generations, greedy and sampled (top-p, top-k), so the first real request
+        pays neither for lazy set-up nor for compiling the sampler."""
+        sampled = SamplingParams(temperature=1.0, top_p=0.9, top_k=8, seed=0, max_tokens=2)
+        for params in (SamplingParams(temperature=0.0, max_tokens=2), sampled):
+            gen = self.start(TextPrompt("warm up"), params)
+            while gen.step().finish_reason is None:
+                pass
+
+
+def _chars_per_token(tokenizer: TokenizerWrapper) -> int | None:
+    """The sound characters-per-token bound for this tokenizer, if one is known: only for a
+    ``tokenizers`` backend reached through transformers' own encode path (a subclass could
+    rewrite the text in Python first, except mlx-lm's ``NewlineTokenizer``, which only
+    lengthens it)."""
+    hf: Any = getattr(tokenizer, "_tokenizer", None)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    for name in ("__call__", "encode", "_encode_plus", "tokenize"):
+        owner = getattr(getattr(type(hf), name, None), "__module__", "") or ""
+        if not owner.startswith("transformers.") and type(hf).__name__ != "NewlineTokenizer":
+            return None
+    try:
+        spec = json.loads(backend.to_str())
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return max_chars_per_token(spec) if isinstance(spec, dict) else None
 
 
 class Generation:
@@ -119,13 +192,11 @@ class Generation:
         tick: Callable[[], None] = lambda: None,
     ) -> None:
         self._engine = engine
-        self._params = params
         self.prompt_tokens = len(prompt_tokens)
         self.completion_tokens = 0
         limit = engine.context_length - len(prompt_tokens)
         self._max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
-        self._key = mx.random.key(seed % (1 << 64))
+        self._sampler = Sampler(params, engine.vocab_size)
         self._cache = make_prompt_cache(engine.model)
         self._detok = engine.tokenizer.detokenizer
         self._stops = StopMatcher(params.stop)
@@ -146,19 +217,7 @@ class Generation:
 
     def _forward(self, tokens: mx.array) -> mx.array:
         logits = self._engine.model(tokens[None], cache=self._cache)[:, -1, :]
-        return self._sample(logits)
-
-    def _sample(self, logits: mx.array) -> mx.array:
-        p = self._params
-        if p.temperature == 0:
-            return mx.argmax(logits, axis=-1)
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        if 0 < p.top_p < 1:
-            logprobs = apply_top_p(logprobs, p.top_p)
-        if 0 < p.top_k < self._engine.vocab_size:
-            logprobs = apply_top_k(logprobs, p.top_k)
-        self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
+        return self._sampler(logits)
 
     def step(self) -> Step:
         """Hand out the next token; the returned step has ``finish_reason`` set on the last."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 class RunnerError(Exception):
-    """The runner process failed; ``retryable`` says whether relaunching could help."""
+    """A typed failure of a runner or of one request on it; ``retryable`` says whether
+    relaunching (or retrying) could help. All but :class:`RequestRejected` mean the runner
+    process failed."""
 
     reason = "runner_failed"
     retryable = True
@@ -72,3 +74,16 @@ class ProtocolError(RunnerError):
     """The runner sent something the protocol does not allow."""
 
     reason = "protocol_error"
+
+
+class RequestRejected(RunnerError):
+    """The node refused to send a request to its runner; only that request fails, the runner
+    and its other requests are untouched. ``reason`` is ``invalid_request`` (a field the frame
+    codec cannot carry: a string with a lone surrogate, a NaN or infinite number) or
+    ``prompt_too_long`` (the request would exceed the runner link's frame limit)."""
+
+    retryable = False
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -20,33 +20,32 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import socket
 import subprocess
-import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal
 
-import attrs
 import trio
 
+from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
     CancelTimeout,
     HelloTimeout,
     LoadFailed,
     LoadTimeout,
     ProtocolError,
+    RequestRejected,
     RunnerCrashed,
     RunnerError,
     RunnerWedged,
     WarmupTimeout,
 )
+from skulk.runner._group import terminate_group
 from skulk.runner._recorder import FlightEvent, FlightRecorder
 from skulk.runner.faults import ENV as FAULTS_ENV
 from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
-from skulk.wire import FrameReader, WireError
+from skulk.wire import FrameReader, FrameTooLarge, WireError
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
@@ -70,70 +69,10 @@ from skulk.wire.runner import (
 log = logging.getLogger("skulk.runner")
 
 RequestEvent = TokenChunk | Finished | RequestFailed
-Phase = Literal["spawning", "loading", "warming", "ready", "busy", "stopping", "stopped", "failed"]
-
-#: The lifecycle as data: the phases each phase may move to.
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    "spawning": frozenset({"loading", "stopping", "failed"}),
-    "loading": frozenset({"warming", "stopping", "failed"}),
-    "warming": frozenset({"ready", "stopping", "failed"}),
-    "ready": frozenset({"busy", "stopping", "failed"}),
-    "busy": frozenset({"ready", "stopping", "failed"}),
-    "stopping": frozenset({"stopped", "failed"}),
-    "stopped": frozenset(),
-    "failed": frozenset(),
-}
-
 #: Chunks buffered per request; a consumer that falls this far behind is failed with
 #: ``client_too_slow`` (the runner's reader never waits for one consumer).
 REQUEST_BUFFER = 1024
 TAIL_LINES = 64
-
-
-@attrs.frozen
-class RunnerConfig:
-    """Deadlines (seconds) and settings of one runner process.
-
-    ``progress_timeout = 0`` disables the progress deadline (a wedged runner then hangs its
-    requests: only for experiments). ``faults`` is a fault-hook spec (see
-    :mod:`skulk.runner.faults`), empty in production.
-    """
-
-    hello_timeout: float = 30.0
-    load_timeout: float = 600.0
-    warmup_timeout: float = 60.0
-    progress_timeout: float = 30.0
-    cancel_timeout: float = 5.0
-    shutdown_grace: float = 5.0
-    heartbeat_interval: float = 1.0
-    faults: str = ""
-    python: str = sys.executable
-
-    def deadlines(self) -> dict[str, float]:
-        return {
-            "hello_timeout": self.hello_timeout,
-            "load_timeout": self.load_timeout,
-            "warmup_timeout": self.warmup_timeout,
-            "progress_timeout": self.progress_timeout,
-            "cancel_timeout": self.cancel_timeout,
-            "shutdown_grace": self.shutdown_grace,
-        }
-
-
-@attrs.frozen
-class RunnerStatistics:
-    incarnation: int
-    phase: Phase
-    pid: int | None
-    loaded: int
-    total: int
-    active_requests: int
-    tokens_out: int
-    cancelled: int
-    rss_bytes: int | None
-    mlx_active_bytes: int | None
-    exit_code: int | None
-    failure: str | None
 
 
 class Runner:
@@ -186,6 +125,7 @@ class Runner:
             loaded=self.progress[0],
             total=self.progress[1],
             active_requests=len(self._inflight),
+            cancels_pending=len(self._cancel_deadlines),
             tokens_out=self._tokens_out,
             cancelled=self._cancelled,
             rss_bytes=self._memory[0] if self._memory else None,
@@ -212,11 +152,23 @@ class Runner:
         runner went away (see :attr:`failure`). Leaving the block before the request finished
         (client gone, cancellation) sends ``Cancel``, which the runner must acknowledge within
         ``cancel_timeout``.
+
+        Raises, before anything is sent: :class:`RunnerCrashed` when the runner is not serving,
+        :class:`RequestRejected` for a request the link cannot carry (a lone surrogate in a
+        string, a non-finite number, a frame over the size limit) — that request alone fails —
+        and ``ValueError`` for a request id still in use (active, or its Cancel unanswered).
         """
         if self.phase not in ("ready", "busy"):
             raise RunnerCrashed(f"runner is {self.phase}")
-        if request_id in self._requests or request_id in self._inflight:
+        if (
+            request_id in self._requests
+            or request_id in self._inflight
+            or request_id in self._cancel_deadlines
+        ):
             raise ValueError(f"request id {request_id!r} already active")
+        # Encode first: a request that cannot be sent must leave nothing behind — no channel,
+        # no in-flight entry, and above all no Cancel for a request the runner never saw.
+        data = _encode_generate(Generate(request_id=request_id, prompt=prompt, params=params))
         # One slot more than the chunks it may hold: room for a final client_too_slow.
         send, receive = trio.open_memory_channel[RequestEvent](REQUEST_BUFFER + 1)
         self._requests[request_id] = send
@@ -226,15 +178,19 @@ class Runner:
         self._inflight[request_id] = False
         self.recorder.record("request.start", request_id=request_id)
         self._rearm()
+        sent = False
         try:
-            await self._send(Generate(request_id=request_id, prompt=prompt, params=params))
+            await self._send_bytes(data)
+            sent = True
             async with receive:
                 yield receive
         finally:
             # Still registered ⇒ the runner has not finished it: stop the work there.
             if self._requests.pop(request_id, None) is not None:
                 send.close()
-                if request_id in self._inflight and self.phase == "busy":
+                if not sent:  # the runner never got it (its socket failed): just forget it
+                    self._forget(request_id)
+                elif request_id in self._inflight and self.phase == "busy":
                     await self._cancel(request_id)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -395,8 +351,14 @@ class Runner:
 
     def _deliver(self, frame: RequestEvent) -> None:
         rid = frame.request_id
+        if isinstance(frame, Finished) and frame.finish_reason == "cancelled":
+            # The runner answers every Cancel with exactly one Finished(cancelled): the end of
+            # the request, or a bare acknowledgement when the request had already ended (it
+            # finished or failed while the Cancel was on its way). Only that answer clears the
+            # deadline, so an id is never reused while an answer for it may still arrive.
+            self._cancel_deadlines.pop(rid, None)
         if rid not in self._inflight:
-            return  # not ours (a duplicate or a late frame): ignore
+            return  # not ours (a late acknowledgement, a duplicate): ignore
         if isinstance(frame, TokenChunk):
             self._tokens_out += len(frame.token_ids)
             if not self._inflight[rid]:
@@ -404,7 +366,6 @@ class Runner:
                 self.recorder.record("request.first_token", request_id=rid)
         else:
             del self._inflight[rid]
-            self._cancel_deadlines.pop(rid, None)
             if isinstance(frame, Finished):
                 if frame.finish_reason == "cancelled":
                     self._cancelled += 1
@@ -433,6 +394,14 @@ class Runner:
             pass  # its consumer left (a full channel here is impossible: one slot is kept)
         if terminal:
             send.close()
+
+    def _forget(self, request_id: str) -> None:
+        """Drop a request the runner never received."""
+        if self._inflight.pop(request_id, None) is not None:
+            self.recorder.record("request.fail", "never sent", request_id)
+            if not self._inflight and self.phase == "busy":
+                self._transition("ready")
+            self._rearm()
 
     def _spawn_cancel(self, request_id: str) -> None:
         """Cancel from the dispatcher, which must not wait: a task in the run nursery sends it."""
@@ -521,12 +490,20 @@ class Runner:
                 yield frame
 
     async def _send(self, frame: ToRunner) -> None:
+        await self._send_bytes(TO_RUNNER.pack(frame))
+
+    async def _send_bytes(self, data: bytes) -> None:
+        """Send one packed frame, whole. Shielded: a frame cut off by a cancellation would leave
+        the stream mid-frame and the runner would read garbage, failing every request. The wait
+        is bounded all the same: a runner that stops reading stops beating too, the watchdog
+        fails it, and closing its socket ends this send with :class:`RunnerCrashed`."""
         assert self._stream is not None
-        async with self._send_lock:
-            try:
-                await self._stream.send_all(TO_RUNNER.pack(frame))
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise RunnerCrashed(f"runner socket closed: {exc}") from exc
+        with trio.CancelScope(shield=True):
+            async with self._send_lock:
+                try:
+                    await self._stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    raise RunnerCrashed(f"runner socket closed: {exc}") from exc
 
     async def _drain(self, pipe: trio.abc.ReceiveStream) -> None:
         """Copy the runner's output into the node log, keeping a short tail for diagnostics."""
@@ -559,6 +536,7 @@ class Runner:
                 send.close()
             self._requests.clear()
             self._inflight.clear()
+            self._cancel_deadlines.clear()
             if self._stream is not None:
                 await self._stream.aclose()
             await terminate_group(
@@ -571,29 +549,6 @@ class Runner:
         if self.phase != "failed":
             self._transition("stopped")
         log.info("runner %s#%d: exited with %s", self.model_id, self.incarnation, proc.returncode)
-
-
-async def terminate_group(
-    proc: trio.Process,
-    grace: float,
-    on_signal: Callable[[signal.Signals], None] = lambda sig: None,
-) -> None:
-    """SIGTERM the process group, wait up to ``grace``, then SIGKILL the group and reap."""
-    if proc.returncode is None:
-        _killpg(proc.pid, signal.SIGTERM, on_signal)
-        with trio.move_on_after(grace):
-            await proc.wait()
-    # Also when the leader is gone already: a grandchild may still hold the group.
-    _killpg(proc.pid, signal.SIGKILL, on_signal if proc.returncode is None else lambda s: None)
-    await proc.wait()
-
-
-def _killpg(pgid: int, sig: signal.Signals, on_signal: Callable[[signal.Signals], None]) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return
-    on_signal(sig)
 
 
 def _too_slow(request_id: str) -> RequestFailed:
@@ -609,3 +564,21 @@ async def _next(frames: AsyncIterator[FromRunner]) -> FromRunner:
         return await frames.__anext__()
     except StopAsyncIteration:
         raise RunnerCrashed("runner exited before it was ready") from None
+
+
+def _encode_generate(frame: Generate) -> bytes:
+    """``frame`` packed for the runner, or :class:`RequestRejected` saying why it cannot be."""
+    try:
+        return TO_RUNNER.pack(frame)
+    except FrameTooLarge as exc:
+        raise RequestRejected(
+            "prompt_too_long",
+            f"the request encodes to {exc.size} bytes; the runner link carries at most "
+            f"{exc.limit} bytes per request",
+        ) from None
+    except WireError as exc:
+        # The codec's message names the field; keep it printable whatever the field held.
+        detail = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise RequestRejected(
+            "invalid_request", f"the request cannot be encoded: {detail}"
+        ) from None

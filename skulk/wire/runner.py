@@ -10,10 +10,12 @@ sends ``Load``; the runner answers ``LoadProgress`` frames then ``Loaded`` (or `
 runs a warm-up generation and sends ``WarmedUp``.
 After that the parent sends ``Generate`` frames (several may be active at once, keyed by
 ``request_id``); each active request ends with exactly one ``Finished`` or ``RequestFailed``.
-``Cancel`` for an active request makes it finish with ``finish_reason="cancelled"``; ``Cancel`` for
-an unknown id is ignored (the request may have finished already). ``Shutdown`` asks the runner to
-exit cleanly. The runner sends ``Heartbeat`` every heartbeat interval from its main loop (idle,
-or between decode/prefill steps), so silence means it is wedged, not merely busy.
+Every ``Cancel`` is answered with exactly one ``Finished`` with ``finish_reason="cancelled"``: the
+end of an active request, or, for an id the runner does not know (the request ended while the
+Cancel was on its way), an acknowledgement with zero usage; the parent clears its cancel
+deadline on that answer only. ``Shutdown`` asks the runner to exit cleanly. The runner sends
+``Heartbeat`` every heartbeat interval from its main loop (idle, or between decode/prefill
+steps), so silence means it is wedged, not merely busy.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 FinishReason = Literal["stop", "length", "cancelled"]
 

@@ -241,6 +241,7 @@ async def test_json_without_a_content_type_is_read(client: Any, fake: FakeServic
     [
         (RequestFailure("prompt_too_long", "too long"), 400, "prompt_too_long"),
         (RequestFailure("empty_prompt", "no tokens"), 400, "empty_prompt"),
+        (RequestFailure("invalid_request", "temperature must be >= 0"), 400, "invalid_request"),
         (RequestFailure("runner_crashed", "gone"), 500, "runner_crashed"),
         (RequestFailure("runner_wedged", "stuck"), 504, "runner_wedged"),
         (ModelUnavailable(ModelStatus(MODEL, "restarting")), 503, "model_not_ready"),
@@ -257,7 +258,7 @@ async def test_stream_that_fails_before_its_first_token_is_a_plain_error(
         response = await call(test_app.test_client(), "POST", route, body)
     err = await error(response, status)
     assert err["code"] == code
-    if status == 400:
+    if code in ("prompt_too_long", "empty_prompt"):
         assert err["param"] == ("messages" if "chat" in route else "prompt")
     assert fake.closed == fake.started == 1
 

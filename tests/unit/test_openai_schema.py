@@ -183,6 +183,14 @@ def test_stop_forms(stop: object, expected: tuple[str, ...]) -> None:
     assert parse_completions(comp(stop=stop)).params.stop == expected
 
 
+def test_stop_strings_are_bounded_in_length() -> None:
+    assert parse_chat_completions(chat(stop="x" * 1024)).params.stop == ("x" * 1024,)
+    for parse, body in ((parse_chat_completions, chat), (parse_completions, comp)):
+        with pytest.raises(ApiError) as info:
+            parse(body(stop=["ok", "x" * 1025]))
+        assert info.value.status == 400 and info.value.param == "stop[1]"
+
+
 @pytest.mark.parametrize(
     ("fields", "stream", "include_usage"),
     [
