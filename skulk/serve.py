@@ -26,7 +26,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from skulk.api import create_app
+from skulk.api import create_app, envelope_hypercorn_errors
 from skulk.config import ServeConfig
 from skulk.consensus import ConsensusService
 from skulk.federation import (
@@ -108,6 +108,7 @@ async def serve(
         lambda: sample_readings(node_id, (addresses["listen"],), addresses["api"]),
     )
     app = create_app(service, mesh, gossip, consensus)
+    envelope_hypercorn_errors()  # the answers Hypercorn gives without the app: the envelope too
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
     hc.graceful_timeout = GRACEFUL_TIMEOUT

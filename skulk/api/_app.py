@@ -37,7 +37,7 @@ def create_app(
     consensus: ConsensusService | None = None,
 ) -> QuartTrio:
     """The HTTP API for a node serving ``service``'s model, in ``cluster``'s mesh."""
-    app = QuartTrio("skulk")
+    app = QuartTrio("skulk", static_folder=None)  # no /static route: every path is ours
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
     app.asgi_app = RequestGuard(  # type: ignore[method-assign,assignment]
