@@ -14,7 +14,8 @@ exactly-once client commands; after the faults heal, liveness.
 
 Pieces: :mod:`._world` (the loop), :mod:`._node` (the driver around core + storage),
 :mod:`._network`, :mod:`._disk` / :mod:`._crashdisk`, :mod:`._workload` (clients),
-:mod:`._faults` (plans), :mod:`._mutants` (negative controls), :mod:`._scenario`
+:mod:`._faults` (plans), :mod:`._swarm` (random plans), :mod:`._triggers` (faults timed by
+leader events), :mod:`._mutants` (negative controls), :mod:`._scenario`
 (``specs/scenarios/*.toml``), :mod:`._repro` (repro files).
 """
 

@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a range of seeds with random faults")
     run.add_argument("--seeds", required=True, help="A:B (B excluded) or N")
-    run.add_argument("--nodes", type=int, default=None)
+    run.add_argument(
+        "--nodes", type=int, default=None, help="cluster size (half the seeds run 3 if larger)"
+    )
     run.add_argument("--steps", type=int, default=None, help="ticks per seed")
     run.add_argument("--mutant", default=None, help="a negative control (see `mutants`)")
     run.add_argument("--jobs", type=int, default=1, help="worker processes")

@@ -61,8 +61,9 @@ class SimConfig:
     impure_apply: bool = False
     vary: bool = True
     """Let the seed also pick protocol and network parameters (delays, loss, batch sizes,
-    pipelining, compaction, chunk and segment sizes): see ``skulk.sim._run.varied``. The
-    effective configuration (with ``vary`` off) is what results and repro files record."""
+    pipelining, compaction, chunk and segment sizes and, with a random plan, 3 nodes instead
+    of ``nodes`` half the time): see ``skulk.sim._run.varied``. The effective configuration
+    (with ``vary`` off) is what results and repro files record."""
 
     def raft(self) -> RaftConfig:
         return RaftConfig(

@@ -1,9 +1,10 @@
 """Fault plans: timed actions on the simulated network, nodes, disks and cluster.
 
 A plan is a list of :class:`Action` values sorted by ``at`` (a tick). The same type serves the
-three sources of plans -- :func:`random_plan` (seeded, ``run`` mode), scenario files
-(``specs/scenarios/*.toml``) and Hypothesis strategies -- and is what a repro file stores, so
-a failing run can be replayed exactly.
+three sources of plans -- :func:`~skulk.sim._swarm.random_plan` (seeded, ``run`` mode),
+scenario files (``specs/scenarios/*.toml``) and Hypothesis strategies -- and is what a repro
+file stores, so a failing run can be replayed exactly. An action may be timed by an event
+rather than the clock (``on``/``after``: :mod:`skulk.sim._triggers`).
 
 Each :data:`OPS` entry names the fields its action reads; :func:`validate` refuses an action
 with a missing or unknown field or a node that does not exist (:class:`PlanError`).
@@ -11,7 +12,6 @@ with a missing or unknown field or a node that does not exist (:class:`PlanError
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,6 +30,10 @@ class Action:
     action is skipped if none does); ``groups`` are partition sides; ``p`` is a probability;
     ``lo``/``hi`` a delay range in ticks; ``n`` a count or period; ``msg`` restricts a network
     action to one message type (a payload class name such as ``"AppendRequest"``).
+
+    ``on`` (one of :data:`EVENTS`) makes any action *triggered*: ``at`` only arms it, and it
+    runs ``after`` ticks (>= 1) after the next such event, with ``@leader`` meaning the node
+    the event is about (see :mod:`skulk.sim._triggers`).
     """
 
     at: int
@@ -42,6 +46,8 @@ class Action:
     hi: int = 0
     n: int = 0
     msg: str = ""
+    on: str = ""
+    after: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object with the fields that differ from their defaults."""
@@ -75,6 +81,8 @@ class Action:
                 hi=int(raw.get("hi", 0)),
                 n=int(raw.get("n", 0)),
                 msg=str(raw.get("msg", "")),
+                on=str(raw.get("on", "")),
+                after=int(raw.get("after", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise PlanError(f"action {raw!r}: {exc}") from exc
@@ -88,7 +96,9 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "isolate": (("node",), (), "cut node off from every other node, both ways"),
     "cut": (("node", "peer"), ("msg",), "one-way: messages node -> peer (of type msg) are lost"),
     "flap": (("node", "peer", "n"), (), "the node<->peer link goes down/up every n ticks"),
-    "heal": ((), (), "remove every partition, cut and flapping link"),
+    "heal": ((), (), "remove every partition, isolation, cut and flapping link"),
+    "rejoin": (("node",), (), "end node's isolation (partitions, cuts and other isolations "
+               "stay)"),
     "drop": ((), ("node", "peer", "p", "msg"), "loss probability p (one directed link if "
              "node+peer, one message type if msg)"),
     "dup": ((), ("node", "peer", "p", "msg"), "duplication probability p"),
@@ -118,7 +128,13 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
 }
 
 NODE_FIELDS = ("node", "peer")
+TRIGGER_FIELDS = ("on", "after")
 LEADER = "@leader"
+EVENTS = ("elected", "first_commit", "proposed")
+"""What a triggered action may wait for: a node became leader (``elected``), a leader
+advanced its commit index for the first time in its term (``first_commit``: its term is now
+established, and so is every entry before it), a leader appended a client command
+(``proposed``)."""
 MESSAGE_TYPES = (
     "AppendRequest", "AppendReply", "VoteRequest", "VoteReply", "SnapshotChunk",
     "SnapshotReply", "TimeoutNow",
@@ -138,7 +154,7 @@ def validate(action: Action, node_ids: Sequence[str]) -> None:
         if getattr(action, name) == defaults[name]:
             raise PlanError(f"{action.op} at {action.at}: needs {name}")
     for name in defaults:
-        if name in ("at", "op") or name in required or name in optional:
+        if name in ("at", "op", *TRIGGER_FIELDS) or name in required or name in optional:
             continue
         if getattr(action, name) != defaults[name]:
             raise PlanError(f"{action.op} at {action.at}: does not take {name}")
@@ -157,8 +173,27 @@ def validate(action: Action, node_ids: Sequence[str]) -> None:
         raise PlanError(f"{action.op} at {action.at}: p must be within [0, 1]")
     if action.op == "delay" and not 1 <= max(action.lo, 1) <= action.hi:
         raise PlanError(f"delay at {action.at}: need 1 <= lo <= hi")
+    if action.on and action.on not in EVENTS:
+        raise PlanError(f"{action.op} at {action.at}: unknown event {action.on!r}")
+    if bool(action.on) != (action.after >= 1) or action.after < 0:
+        raise PlanError(f"{action.op} at {action.at}: 'on' and 'after' (>= 1) go together")
     if action.op == "flap" and action.n < 1:
         raise PlanError(f"flap at {action.at}: period n must be >= 1")
+
+
+def bind_leader(action: Action, node: str) -> Action:
+    """``action`` with every ``@leader`` replaced by ``node``."""
+    return attrs.evolve(
+        action,
+        node=node if action.node == LEADER else action.node,
+        peer=node if action.peer == LEADER else action.peer,
+        groups=tuple(tuple(node if n == LEADER else n for n in g) for g in action.groups),
+    )
+
+
+def names_leader(action: Action) -> bool:
+    """Whether ``action`` says ``@leader`` anywhere."""
+    return LEADER in (action.node, action.peer) or any(LEADER in g for g in action.groups)
 
 
 def sort_plan(actions: Iterable[Action]) -> tuple[Action, ...]:
@@ -172,112 +207,3 @@ def plan_to_json(plan: Sequence[Action]) -> list[dict[str, Any]]:
 
 def plan_from_json(raw: Sequence[dict[str, Any]]) -> tuple[Action, ...]:
     return sort_plan(Action.from_json(a) for a in raw)
-
-
-@attrs.frozen
-class PlanShape:
-    """What :func:`random_plan` may do. ``until`` is when everything is healed (``heal_all``);
-    nothing else happens after it."""
-
-    until: int
-    mean_gap: int = 25
-    disk_faults: bool = True
-    bit_flips: bool = True
-    transfers: bool = True
-    membership: bool = True
-    """Remove a voter now and then, and add it back later (learner, then promotion)."""
-
-
-def random_plan(rng: random.Random, node_ids: Sequence[str], shape: PlanShape) -> tuple[
-    Action, ...
-]:
-    """A seeded random fault plan over ``[0, shape.until)`` followed by ``heal_all``.
-
-    Every temporary fault is undone by a later action (which may come after ``until``'s
-    ``heal_all`` is already in effect -- the undo is then a no-op and is left out; a voter
-    removed too late to be added back before ``until`` stays out). At most one bit flip per
-    plan, so at most one node is lost for good to a refused (corrupt) disk.
-    """
-    nodes = list(node_ids)
-    out: list[Action] = []
-    t = rng.randint(5, shape.mean_gap)
-    flipped = False
-    kinds = [
-        ("partition", 4), ("isolate", 3), ("cut", 2), ("flap", 2), ("crash", 4), ("pause", 3),
-        ("drop", 2), ("delay", 2), ("dup", 2),
-        ("disk_full", 1 if shape.disk_faults else 0),
-        ("fsync_error", 1 if shape.disk_faults else 0),
-        ("crash_during_write", 2 if shape.disk_faults else 0),
-        ("crash_on_snapshot", 1 if shape.disk_faults else 0),
-        ("flip_bit", 1 if shape.bit_flips else 0),
-        ("transfer", 1 if shape.transfers else 0),
-        ("churn", 1 if shape.membership and len(nodes) > 1 else 0),
-    ]
-    names = [k for k, w in kinds if w]
-    weights = [w for _, w in kinds if w]
-
-    def later(lo: int, hi: int) -> int:
-        return t + rng.randint(lo, hi)
-
-    def add(at: int, op: str, **kw: Any) -> None:
-        if at < shape.until:
-            out.append(Action(at=at, op=op, **kw))
-
-    while t < shape.until:
-        kind = rng.choices(names, weights)[0]
-        node = rng.choice(nodes)
-        peer = rng.choice([n for n in nodes if n != node]) if len(nodes) > 1 else node
-        if kind == "partition":
-            shuffled = nodes[:]
-            rng.shuffle(shuffled)
-            bridge = rng.random() < 0.3 and len(nodes) >= 3
-            body = shuffled[1:] if bridge else shuffled
-            cut = rng.randint(1, max(1, len(body) - 1))
-            add(t, "partition", groups=(tuple(sorted(body[:cut])), tuple(sorted(body[cut:]))))
-            add(later(10, 200), "heal")
-        elif kind == "isolate":
-            add(t, "isolate", node=node)
-            add(later(10, 150), "heal")
-        elif kind == "cut":
-            add(t, "cut", node=node, peer=peer)
-            add(later(10, 200), "heal")
-        elif kind == "flap":
-            add(t, "flap", node=node, peer=peer, n=rng.randint(2, 15))
-            add(later(20, 200), "heal")
-        elif kind == "crash":
-            add(t, "crash", node=node)
-            add(later(1, 150), "restart", node=node)
-        elif kind == "pause":
-            add(t, "pause", node=node)
-            add(later(1, 120), "resume", node=node)
-        elif kind == "drop":
-            add(t, "drop", p=round(rng.uniform(0.05, 0.4), 3))
-            add(later(10, 150), "drop", p=0.0)
-        elif kind == "delay":
-            add(t, "delay", lo=1, hi=rng.randint(3, 12))
-            add(later(10, 150), "delay", lo=1, hi=3)
-        elif kind == "dup":
-            add(t, "dup", p=round(rng.uniform(0.05, 0.3), 3))
-            add(later(10, 150), "dup", p=0.0)
-        elif kind == "disk_full":
-            add(t, "disk_full", node=node)
-            add(later(5, 120), "disk_ok", node=node)
-        elif kind == "fsync_error":
-            add(t, "fsync_error", node=node)
-        elif kind == "crash_during_write":
-            add(t, "crash_during_write", node=node, n=rng.randint(1, 6))
-        elif kind == "crash_on_snapshot":
-            add(t, "crash_on_snapshot", node=node, n=rng.randint(1, 4))
-        elif kind == "flip_bit" and not flipped:
-            flipped = True
-            add(t, "flip_bit", node=node, p=round(rng.random(), 4), n=rng.randint(0, 1 << 16))
-        elif kind == "transfer":
-            add(t, "transfer", node=node)
-        elif kind == "churn":
-            back = later(30, 250)
-            add(t, "remove", node=node)
-            add(back, "add_learner", node=node)
-            add(back + rng.randint(20, 120), "promote", node=node)
-        t += rng.randint(1, 2 * shape.mean_gap)
-    out.append(Action(at=shape.until, op="heal_all"))
-    return sort_plan(out)

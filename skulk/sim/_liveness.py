@@ -11,10 +11,11 @@ FINDING 2 in the simulator's report).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import attrs
 
+from skulk.consensus._core import RaftCore
 from skulk.sim._invariants import Violation
 
 
@@ -78,6 +79,18 @@ class Liveness:
                 f"probe command not acknowledged within {2 * self.window} ticks of healing",
             )
         return None
+
+
+def voter_sets(
+    founders: tuple[str, ...], cores: Iterable[RaftCore | None]
+) -> list[tuple[str, ...]]:
+    """Every voter set in play: the founders, and each running core's latest and committed
+    configuration (an empty joiner knows none)."""
+    sets = [founders]
+    for core in cores:
+        if core is not None and core.conf.voters:
+            sets += [core.conf.voters, core.log.conf_at(core.commit).voters]
+    return sets
 
 
 def worst_voter_set(

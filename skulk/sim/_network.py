@@ -8,6 +8,8 @@ message was in flight loses it, as a broken TCP connection would.
 
 Partitions are sets of blocked *directed* pairs, so a one-way cut, a split and a bridge (a node
 in no group, connected to both sides that cannot reach each other) are the same mechanism.
+An isolated node is kept apart from them, so that it can rejoin (:meth:`SimNetwork.rejoin`)
+while every other fault stays, another isolated node's included.
 A flapping link is blocked during alternate periods of ``n`` ticks, counted from when it
 started flapping. Nothing here reads a clock or iterates a hash-ordered container.
 """
@@ -18,6 +20,13 @@ import random
 from collections.abc import Sequence
 
 import attrs
+
+from skulk.sim._faults import Action
+
+NETWORK_OPS = frozenset(
+    {"partition", "isolate", "rejoin", "cut", "flap", "heal", "drop", "dup", "delay"}
+)
+"""The plan operations :meth:`SimNetwork.apply` runs (see :data:`skulk.sim._faults.OPS`)."""
 
 
 @attrs.frozen
@@ -37,6 +46,7 @@ class NetworkStatistics:
     blocked: int
     duplicated: int
     blocked_pairs: int
+    isolated: int
     flapping: int
 
 
@@ -51,6 +61,7 @@ class SimNetwork:
         self._links: dict[tuple[str, str, str], LinkParams] = {}
         self._blocked: set[tuple[str, str]] = set()
         self._blocked_kinds: set[tuple[str, str, str]] = set()
+        self._isolated: set[str] = set()
         self._flaps: dict[tuple[str, str], tuple[int, int]] = {}
         self._sent = self._lost = self._blocked_count = self._dups = 0
 
@@ -67,7 +78,13 @@ class SimNetwork:
                             self._blocked.add((b, a))
 
     def isolate(self, node: str) -> None:
-        self.partition([[node], [n for n in self._nodes if n != node]])
+        """Cut ``node`` off from every other node, both ways, until :meth:`rejoin` or
+        :meth:`heal`."""
+        self._isolated.add(node)
+
+    def rejoin(self, node: str) -> None:
+        """End ``node``'s isolation; partitions, cuts and flapping links stay."""
+        self._isolated.discard(node)
 
     def cut(self, src: str, dst: str, kind: str = "") -> None:
         """One-way cut: ``src -> dst`` loses everything (only messages of ``kind``, a payload
@@ -84,7 +101,9 @@ class SimNetwork:
         self._flaps[(b, a)] = (now, period)
 
     def heal(self) -> None:
-        """Remove every partition, cut and flapping link (loss/delay settings stay)."""
+        """Remove every partition, isolation, cut and flapping link (loss/delay settings
+        stay)."""
+        self._isolated.clear()
         self._blocked.clear()
         self._blocked_kinds.clear()
         self._flaps.clear()
@@ -125,6 +144,31 @@ class SimNetwork:
         self._default = self._base
         self._links.clear()
 
+    def apply(self, a: Action, now: int) -> None:
+        """Run the plan action ``a`` (one of :data:`NETWORK_OPS`, nodes already resolved) at
+        tick ``now``."""
+        link = (a.node, a.peer) if a.node and a.peer else None
+        if a.op == "partition":
+            self.partition(a.groups)
+        elif a.op == "isolate":
+            self.isolate(a.node)
+        elif a.op == "rejoin":
+            self.rejoin(a.node)
+        elif a.op == "cut":
+            self.cut(a.node, a.peer, a.msg)
+        elif a.op == "flap":
+            self.flap(a.node, a.peer, a.n, now)
+        elif a.op == "heal":
+            self.heal()
+        elif a.op == "drop":
+            self.set_params(link=link, kind=a.msg, drop=a.p)
+        elif a.op == "dup":
+            self.set_params(link=link, kind=a.msg, dup=a.p)
+        elif a.op == "delay":
+            self.set_params(link=link, kind=a.msg, lo=max(1, a.lo), hi=a.hi)
+        else:
+            raise ValueError(f"not a network action: {a.op}")
+
     # --- traffic ------------------------------------------------------------------------
 
     def _params(self, src: str, dst: str, kind: str) -> LinkParams:
@@ -141,6 +185,8 @@ class SimNetwork:
     def blocked(self, src: str, dst: str, now: int, kind: str = "") -> bool:
         """Whether ``src -> dst`` is down at tick ``now`` (for messages of ``kind``)."""
         if (src, dst) in self._blocked:
+            return True
+        if self._isolated and (src in self._isolated or dst in self._isolated):
             return True
         if kind and (src, dst, kind) in self._blocked_kinds:
             return True
@@ -180,5 +226,6 @@ class SimNetwork:
             blocked=self._blocked_count,
             duplicated=self._dups,
             blocked_pairs=len(self._blocked),
+            isolated=len(self._isolated),
             flapping=len(self._flaps) // 2,
         )

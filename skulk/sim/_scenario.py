@@ -31,6 +31,17 @@ Node fields of actions may say ``"@leader"`` (whoever leads when the action runs
 that need a particular leader get one with ``op = "transfer"`` and check it with
 ``check = "leader"``, so that a change in the core's timing shows up as a failed check
 rather than as a scenario silently testing something else.
+
+An action with ``on = "elected" | "first_commit" | "proposed"`` and ``after = N`` is
+triggered: ``at`` arms it, and it runs N ticks after the next such event, ``"@leader"`` then
+meaning the leader the event is about (:mod:`skulk.sim._triggers`)::
+
+    [[actions]]                     # cut off the next leader before its no-op leaves it
+    at = 100
+    op = "isolate"
+    node = "@leader"
+    on = "elected"
+    after = 1
 """
 
 from __future__ import annotations

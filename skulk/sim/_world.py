@@ -2,7 +2,8 @@
 
 Time is an integer tick. Within tick ``t`` the world, in this fixed order:
 
-1. runs the plan's actions due at ``t`` (in plan order) and retries pending admin requests;
+1. runs the plan's actions due at ``t`` (in plan order), then the triggered actions due at
+   ``t`` (:mod:`skulk.sim._triggers`), and retries pending admin requests;
 2. delivers every message due at ``t`` (in send order; a message sent at ``t`` arrives at
    ``t + 1`` at the earliest). A message to a node that is not running is lost, to a paused
    node it queues, over a link that is down now it is lost;
@@ -25,8 +26,6 @@ import random
 import traceback
 from collections.abc import Callable, Sequence
 
-import attrs
-
 from skulk.consensus._core import NotLeader, ProposalRefused, Role
 from skulk.consensus._storage import Storage, StorageCorrupt, verified_regions
 from skulk.consensus._types import (
@@ -45,13 +44,14 @@ from skulk.sim._admin import Admin
 from skulk.sim._config import SimConfig
 from skulk.sim._crashdisk import CrashingDisk
 from skulk.sim._disk import SimDisk
-from skulk.sim._faults import LEADER, Action
+from skulk.sim._faults import Action, bind_leader, names_leader
 from skulk.sim._invariants import Checker, Violation, ViolationFound
-from skulk.sim._liveness import Liveness, worst_voter_set
+from skulk.sim._liveness import Liveness, voter_sets, worst_voter_set
 from skulk.sim._mutants import NONE, Mutant
-from skulk.sim._network import LinkParams, SimNetwork
+from skulk.sim._network import NETWORK_OPS, LinkParams, SimNetwork
 from skulk.sim._node import NodeSettings, NodeStatus, OpenStorage, SimNode, StorageLike
 from skulk.sim._trace import Trace, describe
+from skulk.sim._triggers import Triggers
 from skulk.sim._workload import Answer, Outcome, Workload
 
 PROBE_CLIENT = "probe"
@@ -127,6 +127,7 @@ class World:
         self._restart_at: dict[str, int] = {}
         self._degraded_since: dict[str, int] = {}
         self.admin = Admin(self.trace.add)
+        self.triggers = Triggers()
         self._acks_checked = 0
         self._capturing = ""
         """The node a submission is being made to: entries it applies meanwhile are captured."""
@@ -178,6 +179,8 @@ class World:
                 while cursor < len(plan) and plan[cursor].at <= now:
                     self._apply(plan[cursor])
                     cursor += 1
+                for triggered in self.triggers.due(now):
+                    self._apply(triggered)
                 if self.admin.pending:
                     self.admin.run(now, self.leader, self._step_and_send)
                 self._deliver(now)
@@ -338,10 +341,16 @@ class World:
     def on_stepped(self, node: SimNode, inp: Input | None, ready: Ready) -> None:
         core = node.core
         assert core is not None
+        nid = node.node_id
         if isinstance(inp, Propose):
             self._last_proposed = ready.proposed
+            if ready.proposed is not None and self.triggers.waiting:
+                self.triggers.fire("proposed", nid, self.now)
+        if core.role is Role.LEADER:
+            event = self.triggers.observe_leader(nid, core.term, core.commit, self.now)
+            self.counters["elections"] += event == "elected"
         self.checker.on_stepped(
-            node.node_id,
+            nid,
             inp,
             role=core.role,
             term=core.term,
@@ -376,39 +385,20 @@ class World:
 
     def _apply(self, a: Action) -> None:
         self.trace.add(f"{self.now} A {sorted(a.to_json().items())}")
-        if LEADER in (a.node, a.peer) or any(LEADER in g for g in a.groups):
+        if a.on:
+            self.triggers.arm(a)
+            return
+        if names_leader(a):
             leader = self.leader()
             if leader is None:
                 self.trace.add(f"{self.now} A skipped: no leader")
                 return
-            lid = leader.node_id
-            a = attrs.evolve(
-                a,
-                node=lid if a.node == LEADER else a.node,
-                peer=lid if a.peer == LEADER else a.peer,
-                groups=tuple(tuple(lid if n == LEADER else n for n in g) for g in a.groups),
-            )
-            self.trace.add(f"{self.now} A @leader={lid}")
-        net = self.network
+            a = bind_leader(a, leader.node_id)
+            self.trace.add(f"{self.now} A @leader={leader.node_id}")
         node = self.nodes.get(a.node)
-        link = (a.node, a.peer) if a.node and a.peer else None
         op = a.op
-        if op == "partition":
-            net.partition(a.groups)
-        elif op == "isolate":
-            net.isolate(a.node)
-        elif op == "cut":
-            net.cut(a.node, a.peer, a.msg)
-        elif op == "flap":
-            net.flap(a.node, a.peer, a.n, self.now)
-        elif op == "heal":
-            net.heal()
-        elif op == "drop":
-            net.set_params(link=link, kind=a.msg, drop=a.p)
-        elif op == "dup":
-            net.set_params(link=link, kind=a.msg, dup=a.p)
-        elif op == "delay":
-            net.set_params(link=link, kind=a.msg, lo=max(1, a.lo), hi=a.hi)
+        if op in NETWORK_OPS:
+            self.network.apply(a, self.now)
         elif op == "heal_all":
             self._heal_all()
         elif op in ("transfer", "add_learner", "promote", "remove"):
@@ -480,6 +470,7 @@ class World:
         self._start(node)
 
     def _heal_all(self) -> None:
+        self.triggers.clear()
         self.network.heal()
         self.network.reset_params()
         for nid in self.node_ids:
@@ -496,21 +487,12 @@ class World:
 
     # --- liveness -----------------------------------------------------------------------
 
-    def voter_sets(self) -> list[tuple[str, ...]]:
-        """Every voter set in play: the founders, and each running node's latest and committed
-        configuration."""
-        sets = [self.config.founders]
-        for nid in self.node_ids:
-            core = self.nodes[nid].core
-            if core is not None and core.conf.voters:  # an empty joiner knows no configuration
-                sets += [core.conf.voters, core.log.conf_at(core.commit).voters]
-        return sets
-
     def _check_liveness(self, now: int) -> None:
         if self.liveness.deadlines() is None:
             return
         corrupt = {n for n in self.node_ids if self.nodes[n].status is NodeStatus.CORRUPT}
-        voters, lost = worst_voter_set(self.voter_sets(), corrupt)
+        cores = (self.nodes[n].core for n in self.node_ids)
+        voters, lost = worst_voter_set(voter_sets(self.config.founders, cores), corrupt)
         violation = self.liveness.check(
             now,
             has_leader=self.leader() is not None,

@@ -1,5 +1,7 @@
 """Hypothesis-generated fault plans: no plan may break an invariant (shrinking gives a minimal
-plan when one does). Every plan ends with ``heal_all``, after which liveness is required."""
+plan when one does). Every plan ends with ``heal_all``, after which liveness is required.
+Actions may be triggered (``on``/``after``): timed by a leader's election, first commit or
+append rather than by the clock."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skulk.sim import Action, SimConfig, run_seed
-from skulk.sim._faults import MESSAGE_TYPES
+from skulk.sim._faults import EVENTS, MESSAGE_TYPES
 
 NODES = ("n1", "n2", "n3", "n4", "n5")
 STEPS = 450
@@ -51,7 +53,7 @@ def link_action(draw: st.DrawFn) -> Action:
     return Action(draw(times), "cut", node=a, peer=b, msg=msg)
 
 
-actions = st.one_of(
+plain_actions = st.one_of(
     partitions(),
     link_action(),
     st.builds(lambda t: Action(t, "heal"), times),
@@ -63,6 +65,7 @@ actions = st.one_of(
     node_action("restart"),
     node_action("pause"),
     node_action("resume"),
+    node_action("rejoin"),
     node_action("disk_full"),
     node_action("disk_ok"),
     node_action("fsync_error"),
@@ -71,6 +74,18 @@ actions = st.one_of(
     node_action("crash_during_write", st.integers(1, 6)),
     node_action("crash_on_snapshot", st.integers(1, 4)),
 )
+
+
+@st.composite
+def triggered(draw: st.DrawFn) -> Action:
+    """A fault on whichever node the event is about (or on a node named now)."""
+    op = draw(st.sampled_from(["isolate", "rejoin", "crash", "restart", "pause", "resume"]))
+    node = draw(st.sampled_from(("@leader", *NODES)))
+    on = draw(st.sampled_from(EVENTS))
+    return Action(draw(times), op, node=node, on=on, after=draw(st.integers(1, 60)))
+
+
+actions = st.one_of(plain_actions, triggered())
 
 
 @settings(

@@ -43,6 +43,24 @@ def test_isolate() -> None:
     assert not n.blocked("n1", "n2", 0)
 
 
+def test_rejoin_ends_one_isolation_and_nothing_else() -> None:
+    n = net()
+    n.isolate("n1")
+    n.isolate("n3")
+    n.partition([["n4"], ["n5"]])
+    n.cut("n2", "n3")
+    n.rejoin("n1")
+    assert not n.blocked("n1", "n2", 0) and not n.blocked("n4", "n1", 0)
+    assert n.blocked("n1", "n3", 0) and n.blocked("n3", "n1", 0)  # n3 is still isolated
+    assert n.blocked("n4", "n5", 0)
+    n.rejoin("n3")
+    assert not n.blocked("n1", "n3", 0) and n.blocked("n2", "n3", 0)  # the cut stays
+    n.isolate("n2")
+    assert n.statistics().isolated == 1
+    n.heal()
+    assert not any(n.blocked(a, b, 0) for a in NODES for b in NODES if a != b)
+
+
 def test_flapping_link_alternates_by_period() -> None:
     n = net()
     n.flap("n1", "n2", 3, now=10)

@@ -39,6 +39,7 @@ def test_random_seeds_hold_every_invariant() -> None:
         for k, v in r.counters:
             totals[k] = totals.get(k, 0) + v
     assert min(totals["crashes"], totals["degraded"], totals["restores"]) > 0
+    assert totals["elections"] > SEEDS and totals["triggered"] > 0  # leaders were hunted
 
 
 def test_same_seed_same_trace_hash() -> None:
