@@ -1,7 +1,8 @@
 """``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--stream-interval S]
 [--home DIR]`` and ``python -m skulk.bench raft [--json] [--clients N] [--duration S]
 [--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
-[--baseline-no-fsync]``."""
+[--baseline-no-fsync]`` and ``python -m skulk.bench placement [--json] [--nodes N]
+[--repeats N]``."""
 
 from __future__ import annotations
 
@@ -43,9 +44,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run pysyncobj as shipped (it never fsyncs its journal) instead of patched to sync",
     )
+    placement = sub.add_parser("placement", help="the placement planner on simulated nodes")
+    placement.add_argument("--json", action="store_true", help="print only the JSON result")
+    placement.add_argument("--nodes", type=int, default=100, help="simulated nodes (default 100)")
+    placement.add_argument("--repeats", type=int, default=200, help="plans timed per case")
     args = parser.parse_args(argv)
     if args.bench == "raft":
         return _raft(args)
+    if args.bench == "placement":
+        from skulk.bench._placement import run as run_placement
+
+        print(json.dumps(run_placement(args.nodes, args.repeats), indent=None if args.json else 2))
+        return 0
 
     from skulk.bench._serve import run, table
 

@@ -598,6 +598,8 @@ def _mutations(value: Any) -> Iterator[Any]:
         "TelemetryFrame",
         "LinkFrame",
         "RaftPayload",
+        "ClusterCommand",
+        "ClusterResult",
     ],
 )
 def test_codec_and_spec_accept_the_same_frames(spec_text: str, root: str) -> None:

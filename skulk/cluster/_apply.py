@@ -1,0 +1,247 @@
+"""``apply(state, command)``: the pure, total transition function of the cluster State.
+
+Every command in every State answers either a new State and :class:`Applied`, or the *same*
+State and a :class:`Rejected` naming why (``reason``, a stable snake_case name; ``detail`` for
+humans). It never raises, and reads nothing but its arguments: no clock (timestamps are the
+leader's, inside the command), no telemetry, no randomness, no iteration over unordered
+collections. Replicas that apply the same commands in the same order therefore hold equal
+States. ``specs/cluster.md`` is the normative list of checks and invariants.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+import attrs
+
+from ..wire import Codec, WireError
+from ..wire.cluster import (
+    Applied,
+    ClusterCommand,
+    ClusterConfig,
+    ClusterResult,
+    DeleteInstance,
+    ModelCard,
+    NodeStatusChanged,
+    PlaceInstance,
+    RegisterModel,
+    Rejected,
+    RejectReason,
+    RemoveNode,
+    ReportRunner,
+    SetConfig,
+    SetInstanceStatus,
+    UpsertNode,
+)
+from ._state import Instance, Node, Runner, State
+
+T = TypeVar("T")
+APPLIED = Applied()
+
+
+class _Refusal(Exception):
+    """Internal: raised by a check, turned into :class:`Rejected` by :func:`apply`."""
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: RejectReason = reason
+        self.detail = detail
+
+
+COMMAND_CODEC: Codec[ClusterCommand] = Codec(ClusterCommand)
+
+
+def apply(state: State, command: ClusterCommand) -> tuple[State, ClusterResult]:
+    """The State after ``command`` and the command's result (see the module doc).
+
+    A command that could not cross the wire (an int outside CBOR's range, a wrong type: only
+    possible for one built in-process) is ``Rejected("bad_value")``, so every State ``apply``
+    returns can be snapshotted and hashed."""
+    try:
+        COMMAND_CODEC.unstructure(command)
+    except WireError as exc:
+        return state, Rejected("bad_value", str(exc)[:200])
+    try:
+        return _apply(state, command), APPLIED
+    except _Refusal as refusal:
+        return state, Rejected(refusal.reason, refusal.detail)
+
+
+def _apply(state: State, command: ClusterCommand) -> State:
+    match command:
+        case UpsertNode(node, api, federation, at):
+            _require(bool(node), "bad_value", "empty node id")
+            return attrs.evolve(
+                state, nodes=_put(state.nodes, Node(node, api, federation, "up", at), _id)
+            )
+        case NodeStatusChanged(node, status, at):
+            known = _known_node(state, node)
+            if known.status == status:
+                return state
+            changed = attrs.evolve(known, status=status, changed_at=at)
+            return attrs.evolve(state, nodes=_put(state.nodes, changed, _id))
+        case RemoveNode(node):
+            _known_node(state, node)
+            users = [i.id for i in state.instances if any(s.node == node for s in i.shards)]
+            _require(not users, "node_in_use", f"node {node!r} runs shards of {users}")
+            return attrs.evolve(state, nodes=tuple(n for n in state.nodes if n.id != node))
+        case RegisterModel(card):
+            _check_card(card)
+            old = state.model(card.id)
+            if old == card:
+                return state
+            in_use = old is not None and any(i.model == card.id for i in state.instances)
+            _require(not in_use, "model_in_use", f"instances of {card.id!r} exist")
+            return attrs.evolve(state, models=_put(state.models, card, _id))
+        case PlaceInstance():
+            return _place(state, command)
+        case DeleteInstance(instance):
+            _known_instance(state, instance)
+            return attrs.evolve(
+                state,
+                instances=tuple(i for i in state.instances if i.id != instance),
+                runners=tuple(r for r in state.runners if r.instance != instance),
+            )
+        case SetInstanceStatus(instance, instance_status, at):
+            placed = _known_instance(state, instance)
+            if placed.status == instance_status:
+                return state
+            updated = attrs.evolve(placed, status=instance_status, changed_at=at)
+            return attrs.evolve(state, instances=_put(state.instances, updated, _id))
+        case ReportRunner():
+            return _report(state, command)
+        case SetConfig(config):
+            _check_config(config)
+            return attrs.evolve(state, config=config)
+    raise _Refusal("bad_value", f"not a cluster command: {type(command).__name__}")
+
+
+def _place(state: State, command: PlaceInstance) -> State:
+    _require(bool(command.instance), "bad_value", "empty instance id")
+    _require(
+        state.instance(command.instance) is None,
+        "duplicate_instance",
+        f"instance {command.instance!r} exists",
+    )
+    card = state.model(command.model)
+    _require(card is not None, "unknown_model", f"no model {command.model!r}")
+    assert card is not None  # for mypy: _require refused otherwise
+    shards = command.shards
+    _require(bool(shards), "bad_shards", "no shards")
+    ranks = [s.rank for s in shards]
+    _require(ranks == list(range(len(shards))), "bad_shards", f"ranks {ranks} are not 0..n-1")
+    nodes = [s.node for s in shards]
+    _require(len(set(nodes)) == len(nodes), "bad_shards", f"a node holds two ranks: {nodes}")
+    for shard in shards:
+        node = _known_node(state, shard.node)
+        _require(node.status == "up", "node_not_up", f"node {node.id!r} is {node.status}")
+    _check_layers(command, card.architecture.layers)
+    instance = Instance(
+        command.instance, command.model, command.sharding, shards, "placed", command.at
+    )
+    runners = (Runner(instance.id, s.rank, s.node, "pending", None, command.at) for s in shards)
+    return attrs.evolve(
+        state,
+        instances=_put(state.instances, instance, _id),
+        runners=tuple(sorted((*state.runners, *runners), key=_runner_key)),
+    )
+
+
+def _check_layers(command: PlaceInstance, layers: int) -> None:
+    """``single``: one shard, all layers; ``pipeline``: contiguous non-empty ranges covering
+    ``[0, layers)`` in rank order; ``tensor``: every rank holds ``[0, layers)``."""
+    ranges = [(s.start, s.end) for s in command.shards]
+    if command.sharding == "single":
+        _require(len(ranges) == 1, "bad_shards", f"single sharding has {len(ranges)} shards")
+        expected = [(0, layers)]
+    elif command.sharding == "tensor":
+        expected = [(0, layers)] * len(ranges)
+    else:
+        bounds = [r[0] for r in ranges] + [layers]
+        expected = list(itertools.pairwise(bounds))
+        if any(start >= end for start, end in ranges):
+            expected = []  # an empty or inverted range never matches
+    _require(
+        ranges == expected,
+        "bad_layers",
+        f"{command.sharding} shards {ranges} do not cover layers [0, {layers})",
+    )
+
+
+def _report(state: State, command: ReportRunner) -> State:
+    instance = _known_instance(state, command.instance)
+    shard = next((s for s in instance.shards if s.rank == command.rank), None)
+    _require(shard is not None, "unknown_rank", f"{instance.id!r} has no rank {command.rank}")
+    assert shard is not None
+    _require(
+        shard.node == command.node,
+        "wrong_node",
+        f"rank {command.rank} of {instance.id!r} runs on {shard.node!r}, not {command.node!r}",
+    )
+    _require(
+        (command.phase == "failed") == (command.failure is not None),
+        "bad_value",
+        "a failure reason goes with phase 'failed', and only with it",
+    )
+    runner = Runner(
+        instance.id, command.rank, command.node, command.phase, command.failure, command.at
+    )
+    return attrs.evolve(state, runners=_put(state.runners, runner, _runner_key))
+
+
+def _check_card(card: ModelCard) -> None:
+    arch = card.architecture
+    positive = {
+        "layers": arch.layers,
+        "hidden_size": arch.hidden_size,
+        "heads": arch.heads,
+        "kv_heads": arch.kv_heads,
+        "vocab": arch.vocab,
+        "context_length": card.context_length,
+    }
+    bad = sorted(name for name, value in positive.items() if value < 1)
+    _require(bool(card.id), "bad_value", "empty model id")
+    _require(not bad, "bad_value", f"must be >= 1: {bad}")
+    _require(card.weight_bytes >= 0, "bad_value", "weight_bytes must be >= 0")
+
+
+def _check_config(config: ClusterConfig) -> None:
+    values = attrs.asdict(config)
+    bad = sorted(name for name, value in values.items() if value < 0)
+    _require(not bad, "bad_value", f"must be >= 0: {bad}")
+
+
+def _known_node(state: State, node_id: str) -> Node:
+    node = state.node(node_id)
+    _require(node is not None, "unknown_node", f"no node {node_id!r}")
+    assert node is not None
+    return node
+
+
+def _known_instance(state: State, instance_id: str) -> Instance:
+    instance = state.instance(instance_id)
+    _require(instance is not None, "unknown_instance", f"no instance {instance_id!r}")
+    assert instance is not None
+    return instance
+
+
+def _require(ok: bool, reason: RejectReason, detail: str) -> None:
+    if not ok:
+        raise _Refusal(reason, detail)
+
+
+def _id(item: Node | ModelCard | Instance) -> str:
+    return item.id
+
+
+def _runner_key(runner: Runner) -> tuple[str, int]:
+    return runner.instance, runner.rank
+
+
+def _put(items: tuple[T, ...], item: T, key: Callable[[T], Hashable]) -> tuple[T, ...]:
+    """``items`` with ``item`` replacing the one with its key (or added), sorted by key."""
+    k = key(item)
+    kept = [i for i in items if key(i) != k]
+    return tuple(sorted((*kept, item), key=key))  # type: ignore[arg-type]

@@ -1,0 +1,208 @@
+"""Commands of the replicated cluster State, and their results (Raft command entries).
+
+A :data:`ClusterCommand` is what the leader proposes; committed, every replica applies it with
+:func:`skulk.cluster.apply`, which answers a :data:`ClusterResult` (``Applied`` or a typed
+``Rejected``), carried back to the proposer as the entry's result bytes. Commands are concrete
+decisions: timestamps (``at``, milliseconds since the Unix epoch) are the leader's clock,
+written into the command, and a :class:`PlaceInstance` names every shard's node and layers, so
+applying reads no clock, telemetry or randomness. ``specs/cluster.md`` states what each command
+checks; ``specs/wire.cddl`` is the wire shape.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+NodeStatus = Literal["up", "down", "left"]
+Sharding = Literal["single", "pipeline", "tensor"]
+"""``single`` is one shard holding every layer; ``pipeline`` splits layers across ranks;
+``tensor`` splits every layer (each rank holds the full layer range)."""
+InstanceStatus = Literal["placed", "failed"]
+RunnerPhase = Literal["pending", "loading", "ready", "failed", "stopped"]
+RejectReason = Literal[
+    "unknown_node",
+    "node_not_up",
+    "node_in_use",
+    "unknown_model",
+    "model_in_use",
+    "duplicate_instance",
+    "unknown_instance",
+    "bad_shards",
+    "bad_layers",
+    "unknown_rank",
+    "wrong_node",
+    "bad_value",
+    "undecodable",
+]
+
+
+@attrs.frozen
+class DemoSource:
+    """The built-in demo model, generated from ``seed``."""
+
+    seed: int
+
+
+@attrs.frozen
+class PathSource:
+    """Weights in a local directory (the same path on every node that runs a shard)."""
+
+    path: str
+
+
+ModelSource = DemoSource | PathSource
+
+
+@attrs.frozen
+class Architecture:
+    family: str
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    vocab: int
+
+
+@attrs.frozen
+class ModelCard:
+    id: str
+    source: ModelSource
+    architecture: Architecture
+    weight_bytes: int
+    context_length: int
+
+
+@attrs.frozen
+class Shard:
+    """Rank ``rank`` of an instance runs on ``node`` and holds layers ``[start, end)``."""
+
+    rank: int
+    node: str
+    start: int
+    end: int
+
+
+@attrs.frozen
+class ClusterConfig:
+    """Cluster-wide settings the leader's placement uses (integers: replicas compare them
+    exactly). ``overhead_percent``: weights * this / 100; ``floor_bytes``: kept free per node."""
+
+    overhead_percent: int = 120
+    floor_bytes: int = 512 * 1024 * 1024
+    node_down_after_ms: int = 5000
+    node_remove_after_ms: int = 600_000
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class UpsertNode:
+    """A node joined (or rejoined, or changed addresses): it is ``up`` as of ``at``."""
+
+    node: str
+    api_address: str
+    federation_address: str
+    at: int
+
+
+@attrs.frozen
+class NodeStatusChanged:
+    """The leader's verdict on a known node: ``up``, ``down`` or ``left`` as of ``at``.
+    Instances on it are kept; moving them is a later, separate decision."""
+
+    node: str
+    status: NodeStatus
+    at: int
+
+
+@attrs.frozen
+class RemoveNode:
+    """Forget a node for good; refused while any instance has a shard on it."""
+
+    node: str
+
+
+@attrs.frozen
+class RegisterModel:
+    """Add a model card, or replace one that no instance uses."""
+
+    card: ModelCard
+
+
+@attrs.frozen
+class PlaceInstance:
+    """The leader's concrete plan: ``instance`` of ``model`` with these shards, as of ``at``."""
+
+    instance: str
+    model: str
+    sharding: Sharding
+    shards: tuple[Shard, ...]
+    at: int
+
+
+@attrs.frozen
+class DeleteInstance:
+    """Remove an instance and its runner records."""
+
+    instance: str
+
+
+@attrs.frozen
+class SetInstanceStatus:
+    """Mark an instance ``failed`` (no node left to run it) or ``placed`` again."""
+
+    instance: str
+    status: InstanceStatus
+    at: int
+
+
+@attrs.frozen
+class ReportRunner:
+    """The node running rank ``rank`` of ``instance`` reports a phase change (never per-token
+    traffic); ``failure`` is a snake_case reason when ``phase`` is ``failed``."""
+
+    instance: str
+    rank: int
+    node: str
+    phase: RunnerPhase
+    failure: str | None
+    at: int
+
+
+@attrs.frozen
+class SetConfig:
+    config: ClusterConfig
+
+
+ClusterCommand = (
+    UpsertNode
+    | NodeStatusChanged
+    | RemoveNode
+    | RegisterModel
+    | PlaceInstance
+    | DeleteInstance
+    | SetInstanceStatus
+    | ReportRunner
+    | SetConfig
+)
+
+# ---- results -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Applied:
+    """The command changed the State (or left it equal, for an idempotent repeat)."""
+
+
+@attrs.frozen
+class Rejected:
+    """The command was refused and the State is unchanged; ``detail`` is for humans."""
+
+    reason: RejectReason
+    detail: str
+
+
+ClusterResult = Applied | Rejected
