@@ -171,6 +171,18 @@ def random_plan(
     def target() -> str:
         return LEADER if rng.random() < swarm.leader_share else rng.choice(nodes)
 
+    def fault_and_undo(op: str, undo: str, lo: int, hi: int) -> None:
+        """``op`` on a target now (or on the leader right after it appends), ``undo`` on the
+        same node ``lo``..``hi`` ticks later. Both leader actions are armed together, so the
+        undo names the node that was hit, not whoever leads by then (and comes after it)."""
+        victim = target()
+        if victim == LEADER:
+            add(t, op, node=LEADER, on="proposed", after=1)
+            add(t, undo, node=LEADER, on="proposed", after=span(max(lo, 2), hi))
+        else:
+            add(t, op, node=victim)
+            add(later(lo, hi), undo, node=victim)
+
     while t < shape.until:
         kind = rng.choices(names, weights)[0]
         node = rng.choice(nodes)
@@ -194,13 +206,7 @@ def random_plan(
             add(t, "partition", groups=(tuple(sorted(body[:cut])), tuple(sorted(body[cut:]))))
             add(later(10, 200), "heal")
         elif kind == "isolate":
-            victim = target()
-            if victim == LEADER:  # the undo must name the node, not whoever leads then
-                add(t, "isolate", node=LEADER, on="proposed", after=1)
-                add(t, "rejoin", node=LEADER, on="proposed", after=span(10, 150))
-            else:
-                add(t, "isolate", node=victim)
-                add(later(10, 150), "rejoin", node=victim)
+            fault_and_undo("isolate", "rejoin", 10, 150)
         elif kind == "cut":
             add(t, "cut", node=node, peer=peer)
             add(later(10, 200), "heal")
@@ -208,21 +214,9 @@ def random_plan(
             add(t, "flap", node=node, peer=peer, n=rng.randint(2, 15))
             add(later(20, 200), "heal")
         elif kind == "crash":
-            victim = target()
-            if victim == LEADER:
-                add(t, "crash", node=LEADER, on="proposed", after=1)
-                add(t, "restart", node=LEADER, on="proposed", after=span(2, 150))
-            else:
-                add(t, "crash", node=victim)
-                add(later(1, 150), "restart", node=victim)
+            fault_and_undo("crash", "restart", 1, 150)
         elif kind == "pause":
-            victim = target()
-            if victim == LEADER:
-                add(t, "pause", node=LEADER, on="proposed", after=1)
-                add(t, "resume", node=LEADER, on="proposed", after=span(2, 120))
-            else:
-                add(t, "pause", node=victim)
-                add(later(1, 120), "resume", node=victim)
+            fault_and_undo("pause", "resume", 1, 120)
         elif kind == "drop":
             add(t, "drop", p=round(rng.uniform(0.05, 0.4), 3))
             add(later(10, 150), "drop", p=0.0)
