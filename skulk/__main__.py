@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     from skulk.models import DEMO_MODEL_ID, ModelNotFound, resolve_model
 
-    if config.model != DEMO_MODEL_ID:  # fail fast on a typo (the demo model resolves slowly)
+    if config.model not in (DEMO_MODEL_ID, "none"):  # fail fast on a typo (the demo is slow)
         try:
             resolve_model(config.model, config.home)
         except ModelNotFound as exc:

@@ -37,6 +37,7 @@ class ServeConfig:
     port: int = DEFAULT_PORT
     home: Path = attrs.field(factory=lambda: default_home(os.environ))
     model: str = DEFAULT_MODEL
+    model_given: bool = False  # --model (or SKULK_MODEL) was set explicitly
     log_level: str = "info"
     stream_interval: float = 0.02
     # runner deadlines (seconds); the defaults are the runner's own
@@ -54,6 +55,10 @@ class ServeConfig:
     crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN.initial
     # fault hooks for tests and repro scripts (see skulk.runner.faults)
     runner_faults: str = ""
+    # the cluster (committed into the cluster State's config when given; else its defaults)
+    node_down_after: float | None = None
+    node_remove_after: float | None = None
+    max_queue: int = 64
     # federation
     listen: str = "127.0.0.1:52416"
     join: tuple[str, ...] = ()
@@ -62,6 +67,25 @@ class ServeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+
+    def ensured_model(self, *, founder: bool) -> str | None:
+        """The model this node makes sure the cluster has an instance of: ``--model``; the
+        demo model when a founder is given none; nothing for ``--model none`` or for a joining
+        node left at the default (it joins as capacity)."""
+        if self.model == "none":
+            return None
+        if self.model == DEFAULT_MODEL and not founder and not self.model_given:
+            return None
+        return self.model
+
+    def cluster_config_changes(self) -> dict[str, int]:
+        """The cluster config fields this node's flags set (milliseconds)."""
+        changes: dict[str, int] = {}
+        if self.node_down_after is not None:
+            changes["node_down_after_ms"] = round(self.node_down_after * 1000)
+        if self.node_remove_after is not None:
+            changes["node_remove_after_ms"] = round(self.node_remove_after * 1000)
+        return changes
 
     def restart_policy(self) -> RestartPolicy:
         return attrs.evolve(
@@ -110,6 +134,11 @@ def _port(value: object) -> str | None:
 def _count(value: object) -> str | None:
     assert isinstance(value, int)
     return None if value >= 0 else "a whole number >= 0"
+
+
+def _at_least_one(value: object) -> str | None:
+    assert isinstance(value, int)
+    return None if value >= 1 else "a whole number >= 1"
 
 
 def _level(value: object) -> str | None:
@@ -174,7 +203,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("host", str, "address the HTTP API binds"),
     Option("port", int, "HTTP API port, 0 for any free port", _port),
     Option("home", Path, "data directory (models, node state)"),
-    Option("model", str, "model to serve: a name or an mlx-lm model directory"),
+    Option("model", str,
+           "model the cluster must have an instance of: a name or an mlx-lm model directory; "
+           "'none' joins as capacity only (a joining node left at the default does too)"),
     Option("log_level", str, "debug, info, warning or error", _level),
     Option("stream_interval", float,
            "seconds between streamed deltas after the first token; 0 sends every token",
@@ -200,6 +231,15 @@ OPTIONS: tuple[Option, ...] = (
            "fail, at most 600 s or this)", _positive),
     Option("runner_faults", str, "fault hooks for tests and repro scripts; never in production",
            _faults),
+    Option("node_down_after", float,
+           "seconds the leader waits before it commits an unreachable node down and moves its "
+           "instances (sets the cluster config; default 5)", _positive),
+    Option("node_remove_after", float,
+           "seconds a down node that holds no instance stays in the cluster before it is "
+           "removed for good (sets the cluster config; default 600)", _positive),
+    Option("max_queue", int,
+           "requests one instance on this node takes at once; more are answered 429",
+           _at_least_one),
     Option("listen", str, "HOST:PORT where this node accepts other nodes (port 0: any)",
            _listen),
     Option("join", str,
@@ -245,6 +285,7 @@ def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfi
         parsed = tuple(_value(opt, item, source) for item in raw) if opt.multiple else None
         values[opt.name] = parsed if parsed is not None else _value(opt, raw, source)
     values.setdefault("home", default_home(env))
+    values["model_given"] = "model" in values
     config = ServeConfig(**values)  # type: ignore[arg-type]
     if (config.tls_cert is None) != (config.tls_key is None):
         given, missing = (

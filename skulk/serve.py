@@ -1,16 +1,20 @@
-"""``python -m skulk serve``: one node — its model service and its HTTP API — in one Trio tree.
+"""``python -m skulk serve``: one node of the cluster, in one Trio tree. The one place that
+wires the layers together.
 
     root nursery
     ├── signal watcher   SIGINT/SIGTERM → graceful shutdown
     ├── Mesh             federation: listener, dialers, one authenticated link per peer
-    ├── Consensus        Raft over the mesh (durable log in $SKULK_HOME/raft), leader duties
+    │                    (rpc: Raft submissions, control calls, route admissions; data streams)
+    ├── Consensus        Raft over the mesh (durable log in $SKULK_HOME/raft) of the cluster State
+    ├── RemoteRouting    serves requests other nodes route here; streams answers back
+    ├── Reconciler       runs exactly the runners the State assigns here (one ModelService each)
+    ├── Hypercorn        the Quart-Trio API (trio worker): any model, through the Router
     ├── TelemetryGossip  this node's readings, last-writer-wins gossip over the mesh
-    ├── ModelService     resolves the model, keeps its runner up
-    └── Hypercorn        the Quart-Trio API (trio worker)
+    └── ClusterControl   the leader's duties (liveness, re-placement, removal); --model's instance
 
 Shutdown: hand Raft leadership over if this node leads, stop accepting, give open streams
-``GRACEFUL_TIMEOUT`` seconds, then cancel everything; the model service's cancellation
-terminates and reaps the runner's process group.
+``GRACEFUL_TIMEOUT`` seconds, then cancel everything; each model service's cancellation
+terminates and reaps its runner's process group.
 """
 
 from __future__ import annotations
@@ -19,19 +23,22 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from skulk.api import create_app, envelope_hypercorn_errors
+from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
-from skulk.consensus import ConsensusService
+from skulk.consensus import SUBMIT_METHOD, ConsensusService
+from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
 from skulk.federation import (
+    DataReceiver,
     Mesh,
     MeshAddressError,
+    RpcFailed,
     SecretError,
     SecretSource,
     TelemetryGossip,
@@ -44,8 +51,10 @@ from skulk.federation import (
     tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
-from skulk.models import resolve_model
-from skulk.worker import ModelService
+from skulk.models import model_card, model_directory
+from skulk.routing import ROUTE_METHOD, Admission, RemoteRouting, Router
+from skulk.wire.cluster import ModelCard
+from skulk.worker import ModelService, Reconciler
 
 log = logging.getLogger("skulk")
 
@@ -61,29 +70,25 @@ async def serve(
     config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Run a node until SIGINT/SIGTERM (or cancellation); ``task_status`` gets the API URL."""
-    model_id, resolve = _resolver(config)
     if config.runner_faults:
         log.warning(
             "runner fault hooks are ON (%s): this node is for testing only", config.runner_faults
         )
-    service = ModelService(
-        model_id,
-        resolve,
-        config.runner_config(),
-        policy=config.restart_policy(),
-        cooldown=config.cooldown_policy(),
-        stream_interval=config.stream_interval,
-    )
     node_id = load_or_create_node_id(config.home)
     try:
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
     except SecretError as exc:
         raise StartupError(str(exc)) from None
-    consensus: ConsensusService | None = None
+    handlers: dict[str, Callable[[str, bytes], Awaitable[bytes]]] = {}
 
     async def rpc(method: str, body: bytes) -> bytes:
-        assert consensus is not None  # set below, before the mesh runs
-        return await consensus.handle_rpc(method, body)
+        handler = handlers.get(method)
+        if handler is None:
+            raise RpcFailed("no_handler", f"unknown method {method[:64]!r}")
+        return await handler(method, body)
+
+    async def streams(peer: str, receiver: DataReceiver) -> None:
+        await remote.handle_stream(peer, receiver)
 
     try:
         server_ssl, client_ssl = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
@@ -95,11 +100,15 @@ async def serve(
             server_ssl=server_ssl,
             client_ssl=client_ssl,
             rpc_handler=rpc,
+            stream_handler=streams,
         )
     except (ValueError, MeshAddressError) as exc:  # TlsConfigError is a ValueError
         raise StartupError(str(exc)) from None
     # A node started without --join founds a cluster (if it has no Raft data yet).
-    consensus = ConsensusService(node_id, mesh, config.home / "raft", founder=not config.join)
+    founder = not config.join
+    consensus: ConsensusService[State] = ConsensusService(
+        node_id, mesh, config.home / "raft", ClusterMachine(), founder=founder
+    )
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
     gossip = TelemetryGossip(
@@ -107,7 +116,47 @@ async def serve(
         TelemetryStore(node_id, next_epoch(config.home)),
         lambda: sample_readings(node_id, (addresses["listen"],), addresses["api"]),
     )
-    app = create_app(service, mesh, gossip, consensus)
+    control = ClusterControl(
+        node_id,
+        consensus,
+        mesh,
+        lambda: {n: e.readings for n, e in gossip.store.view.items()},
+        card_for=lambda model: model_card(model, config.home),
+        ensure_model=config.ensured_model(founder=founder),
+        config_changes=config.cluster_config_changes(),
+    )
+
+    def make_service(instance: str, card: ModelCard) -> ModelService:
+        return ModelService(
+            card.id,
+            lambda: model_directory(card, config.home),
+            config.runner_config(),
+            policy=config.restart_policy(),
+            cooldown=config.cooldown_policy(),
+            stream_interval=config.stream_interval,
+        )
+
+    reconciler = Reconciler(node_id, control, control.submit, make_service, now_ms)
+    admission = Admission(config.max_queue)
+    remote = RemoteRouting(mesh, reconciler.service, admission)
+    router = Router(
+        node_id,
+        lambda: control.state,
+        reconciler.service,
+        lambda peer: mesh.link(peer) is not None,
+        remote,
+        admission,
+    )
+    handlers.update(
+        {
+            SUBMIT_METHOD: consensus.handle_rpc,
+            CONTROL_METHOD: control.handle_rpc,
+            ROUTE_METHOD: remote.handle_rpc,
+        }
+    )
+    app = create_app(
+        router, reconciler, control=control, cluster=mesh, gossip=gossip, consensus=consensus
+    )
     envelope_hypercorn_errors()  # the answers Hypercorn gives without the app: the envelope too
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
@@ -151,12 +200,15 @@ async def serve(
                 )
             print(instructions, flush=True)
         await nursery.start(consensus.run)  # StorageCorrupt: refuses to start (see __main__)
-        nursery.start_soon(service.run)
+        await nursery.start(remote.run)
+        await nursery.start(reconciler.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"
         addresses.update(listen=f"{scheme}://{listen}", api=url)
         await nursery.start(gossip.run)
-        print(f"skulk: API listening on {url} (model {model_id})", flush=True)
+        await nursery.start(control.run)
+        ensured = control.ensure_model or "none (capacity only)"
+        print(f"skulk: API listening on {url} (model {ensured})", flush=True)
         task_status.started(url)
         await shutdown.wait()
         log.info("shutting down")
@@ -166,17 +218,6 @@ async def serve(
             await http_done.wait()
         nursery.cancel_scope.cancel()
     log.info("stopped")
-
-
-def _resolver(config: ServeConfig) -> tuple[str, Callable[[], Path]]:
-    """The model's id now, and a function (slow: may generate the demo model) for its path."""
-    model, home = config.model, config.home
-    model_id = Path(model).name if Path(model).is_dir() else model
-
-    def resolve() -> Path:
-        return resolve_model(model, home)[1]
-
-    return model_id, resolve
 
 
 def _bind(host: str, port: int) -> str:

@@ -1,4 +1,5 @@
-"""The Quart-Trio application: OpenAI-compatible routes, health and the WebSocket endpoint.
+"""The Quart-Trio application: OpenAI-compatible routes (any model of the cluster, through the
+router), health, diagnostics, the cluster routes and the WebSocket endpoint.
 
 Every request runs under :class:`~skulk.api._guard.RequestGuard` (whole body first, one log
 line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http_errors`).
@@ -7,22 +8,36 @@ line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from skulk.api._cluster_routes import install_cluster_routes
 from skulk.api._guard import RequestGuard, close_with_request
 from skulk.api._http_errors import install_error_handlers, json_response
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, parse_json_body
 from skulk.api._openai import ApiError, parse_chat_completions, parse_completions
-from skulk.api._stream import Request, complete, open_stream, sse_body, unavailable_error
+from skulk.api._stream import (
+    ROUTING_ERRORS,
+    Items,
+    Request,
+    complete,
+    open_stream,
+    routing_error,
+    sse_body,
+)
 from skulk.api._ws import serve_websocket
+from skulk.cluster import State
 from skulk.consensus import ConsensusService
+from skulk.control import ClusterControl
 from skulk.federation import Mesh, TelemetryGossip
+from skulk.routing import ModelListing, Route, Router
 from skulk.runner import Runner
-from skulk.worker import ModelService, ModelUnavailable
+from skulk.worker import ModelService, ModelStatus
 
 log = logging.getLogger("skulk.api")
 
@@ -30,13 +45,24 @@ log = logging.getLogger("skulk.api")
 BODY_TIMEOUT = 60.0
 
 
+class LocalServices(Protocol):
+    """The model services this node runs, by instance id (:class:`~skulk.worker.Reconciler`)."""
+
+    @property
+    def services(self) -> Mapping[str, ModelService]: ...
+
+
 def create_app(
-    service: ModelService,
+    router: Router,
+    local: LocalServices,
+    *,
+    control: ClusterControl | None = None,
     cluster: Mesh | None = None,
     gossip: TelemetryGossip | None = None,
-    consensus: ConsensusService | None = None,
+    consensus: ConsensusService[State] | None = None,
 ) -> QuartTrio:
-    """The HTTP API for a node serving ``service``'s model, in ``cluster``'s mesh."""
+    """The HTTP API of a node: requests for any model go through ``router``; ``local`` are
+    the instances this node runs (health, diagnostics); ``control`` adds the cluster routes."""
     app = QuartTrio("skulk", static_folder=None)  # no /static route: every path is ours
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
@@ -47,25 +73,29 @@ def create_app(
         access_log=logging.getLogger("skulk.access"),
     )
     install_error_handlers(app)
+    if control is not None:
+        install_cluster_routes(app, control, _body)
+
+    def only_service() -> ModelService | None:
+        """The one instance this node runs, if it runs exactly one (the usual single node)."""
+        services = list(local.services.values())
+        return services[0] if len(services) == 1 else None
 
     @app.get("/health")
     async def health() -> Response:
-        s = service.status()
-        body: dict[str, object] = {
-            "status": "ok" if s.ready else s.state,
-            "model": s.model_id,
-            "state": s.state,
-            "progress": {"loaded": s.loaded, "total": s.total},
-            "restarts": s.restarts,
-        }
-        if s.failure_reason:
-            body["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
-        body["breaker"] = {
-            "state": s.breaker,
-            "crash_loops": s.crash_loop_trips,
-            "retry_in": s.retry_in,
-        }
-        healthy = s.ready
+        body: dict[str, object] = {"node": router.node_id}
+        services = dict(local.services)
+        if (one := only_service()) is not None:
+            body.update(_service_health(one.status()))
+        body["instances"] = {i: svc.status().state for i, svc in sorted(services.items())}
+        status: str
+        if services:
+            healthy = all(svc.status().ready for svc in services.values())
+            status = "ok" if healthy else (one.status().state if one else "instance_not_ready")
+        else:  # capacity only: healthy once some model can be served through this node
+            healthy = any(m.status == "ready" for m in router.models())
+            status = "ok" if healthy else "no_ready_model"
+        body["status"] = status
         if consensus is not None:
             raft = consensus.status_json()
             body["consensus"] = {k: raft[k] for k in ("healthy", "unavailable", "role", "leader")}
@@ -76,26 +106,28 @@ def create_app(
 
     @app.get("/v1/diagnostics/node")
     async def diagnostics() -> Response:
-        return _json(
-            {
-                "model": attrs.asdict(service.status()),
-                "runners": [_runner_diagnostics(r) for r in service.recent_runners()],
-            },
-            200,
-        )
+        services = dict(local.services)
+        body: dict[str, object] = {}
+        if (one := only_service()) is not None:
+            body["model"] = attrs.asdict(one.status())
+        body["instances"] = {i: attrs.asdict(svc.status()) for i, svc in sorted(services.items())}
+        body["runners"] = [
+            _runner_diagnostics(r) for svc in services.values() for r in svc.recent_runners()
+        ]
+        return _json(body, 200)
 
     @app.post("/v1/diagnostics/node/retry")
     async def retry() -> Response:
-        """An operator's "try the failed model again now" (ends a crash-loop cool-down)."""
-        if not service.retry_now():
-            s = service.status()
+        """An operator's "try the failed models here again now" (ends crash-loop cool-downs)."""
+        retried = [i for i, svc in sorted(local.services.items()) if svc.retry_now()]
+        if not retried:
             raise ApiError(
                 409,
-                f"model {s.model_id} is {s.state}, not failed: there is nothing to retry",
+                "no model on this node is failed: there is nothing to retry",
                 type="invalid_request_error",
                 code="not_failed",
             )
-        return _json({"retrying": True, "model": service.model_id}, 202)
+        return _json({"retrying": True, "instances": retried}, 202)
 
     @app.get("/v1/cluster/links")
     async def cluster_links() -> Response:
@@ -109,31 +141,44 @@ def create_app(
 
     @app.get("/v1/cluster/nodes")
     async def cluster_nodes() -> Response:
-        return _json(gossip.nodes_json() if gossip is not None else {"nodes": []}, 200)
+        """Every node: gossiped readings, and its committed status in the State."""
+        rows = gossip.nodes_json()["nodes"] if gossip is not None else []
+        assert isinstance(rows, list)
+        state = control.state if control is not None else None
+        seen = set()
+        for row in rows:
+            node = state.node(row["node_id"]) if state is not None else None
+            row["status"] = node.status if node is not None else None
+            seen.add(row["node_id"])
+        for node in state.nodes if state is not None else ():
+            if node.id not in seen:  # in the State, no readings (down for a while)
+                rows.append({"node_id": node.id, "status": node.status, "age_s": None})
+        return _json({"nodes": rows}, 200)
 
-    def model_card() -> dict[str, object]:
-        s = service.status()
+    def model_card(listing: ModelListing) -> dict[str, object]:
         card: dict[str, object] = {
-            "id": s.model_id,
+            "id": listing.id,
             "object": "model",
             "created": 0,
             "owned_by": "skulk",
-            "status": s.state,
+            "status": listing.status,
+            "instances": list(listing.instances),
         }
-        if s.failure_reason:
-            card["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
+        if listing.failure:
+            card["failure"] = listing.failure
         return card
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return _json({"object": "list", "data": [model_card()]}, 200)
+        return _json({"object": "list", "data": [model_card(m) for m in router.models()]}, 200)
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
         """One model card (``models.retrieve``); ids may contain slashes (``org/name``)."""
-        if model_id != service.model_id:
+        found = next((m for m in router.models() if m.id == model_id), None)
+        if found is None:
             raise ApiError.model_not_found(model_id)
-        return _json(model_card(), 200)
+        return _json(model_card(found), 200)
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
@@ -143,28 +188,55 @@ def create_app(
     async def completions() -> Response:
         return await _generate(parse_completions(await _body()))
 
+    def start(req: Request) -> tuple[Route, Items]:
+        """Route ``req`` and make its generation (not started); :class:`ApiError` when no
+        instance can take it."""
+        try:
+            route = router.route(req.model)
+        except ROUTING_ERRORS as exc:
+            raise routing_error(exc) from None
+        return route, router.generate(route, req.prompt, req.params)
+
     async def _generate(req: Request) -> Response:
-        if req.model != service.model_id:
-            raise ApiError.model_not_found(req.model)
-        if not service.status().ready:
-            raise unavailable_error(ModelUnavailable(service.status()))
+        route, items = start(req)
         if not req.stream:
-            return _json(await complete(service, req), 200)
-        # Commit to a stream only once the first token (or the end) is here: an earlier failure
-        # is a plain error response. The request owns the generation from here on, so it is
-        # cancelled on the runner even if the response body is never iterated.
-        opened = await open_stream(service, req)
-        close_with_request(opened.aclose)
-        response = Response(sse_body(opened), status=200, content_type="text/event-stream")
-        response.headers["Cache-Control"] = "no-cache"
-        response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut long streams
+            response = _json(await complete(items, req), 200)
+        else:
+            # Commit to a stream only once the first token (or the end) is here: an earlier
+            # failure is a plain error response. The request owns the generation from here on,
+            # so it is cancelled on the runner even if the response body is never iterated.
+            opened = await open_stream(items, req)
+            close_with_request(opened.aclose)
+            response = Response(sse_body(opened), status=200, content_type="text/event-stream")
+            response.headers["Cache-Control"] = "no-cache"
+            response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut long streams
+        response.headers["x-skulk-instance"] = route.instance
+        response.headers["x-skulk-node"] = route.node
         return response
 
     @app.websocket("/v1/ws")
     async def ws() -> None:
-        await serve_websocket(service)
+        await serve_websocket(start)
 
     return app
+
+
+def _service_health(s: ModelStatus) -> dict[str, object]:
+    """The health fields of one model service."""
+    body: dict[str, object] = {
+        "model": s.model_id,
+        "state": s.state,
+        "progress": {"loaded": s.loaded, "total": s.total},
+        "restarts": s.restarts,
+    }
+    if s.failure_reason:
+        body["failure"] = {"reason": s.failure_reason, "message": s.failure_message}
+    body["breaker"] = {
+        "state": s.breaker,
+        "crash_loops": s.crash_loop_trips,
+        "retry_in": s.retry_in,
+    }
+    return body
 
 
 async def _body() -> object:

@@ -46,7 +46,9 @@ def install_error_handlers(app: QuartTrio) -> None:
 
     @app.errorhandler(ApiError)
     async def api_error(exc: ApiError) -> Response:
-        return json_response(exc.envelope(), exc.status)
+        response = json_response(exc.envelope(), exc.status)
+        response.headers.update(exc.headers)
+        return response
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

@@ -80,6 +80,7 @@ class ApiError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers: dict[str, str] = {}  # extra response headers (e.g. Retry-After)
         self.status = status
         self.message = message
         self.type = type

@@ -8,6 +8,7 @@ error response (or one WebSocket error message), never a stream that starts and 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -28,7 +29,8 @@ from skulk.api._openai import (
     new_request_id,
     sse_event,
 )
-from skulk.worker import Generation, ModelService, ModelUnavailable, RequestFailure
+from skulk.routing import ModelNotPlaced, NoReadyInstance, Overloaded, RemoteUnavailable
+from skulk.worker import Generation, ModelUnavailable, RequestFailure
 
 log = logging.getLogger("skulk.api")
 
@@ -41,6 +43,14 @@ _PROMPT_REASONS = {"prompt_too_long", "empty_prompt"}
 _REQUEST_REASONS = {"invalid_request"}
 #: Runner deadlines that ended a request: 504, as for any deadline.
 _DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
+#: The node serving the request was lost (link down, node dead): 502, a bad upstream.
+_LOST_REASONS = {"node_unreachable"}
+
+Items = AsyncGenerator[str | Generation, None]
+"""One request's generation: text deltas, then one :class:`Generation`."""
+ROUTING_ERRORS = (ModelNotPlaced, NoReadyInstance, Overloaded, RemoteUnavailable)
+#: Everything serving a request may raise that the client sees as a typed error.
+SERVING_ERRORS = (ModelUnavailable, RequestFailure, *ROUTING_ERRORS)
 
 
 def unavailable_error(exc: ModelUnavailable) -> ApiError:
@@ -50,6 +60,34 @@ def unavailable_error(exc: ModelUnavailable) -> ApiError:
     return ApiError.unavailable(
         f"model {s.model_id} is not ready: {s.state}{detail}{why}", code="model_not_ready"
     )
+
+
+def routing_error(exc: Exception) -> ApiError:
+    """A routing failure (no instance, none ready, overloaded, the serving node gone) as the
+    client sees it."""
+    if isinstance(exc, ModelNotPlaced):
+        if not exc.registered:
+            return ApiError.model_not_found(exc.model)
+        return ApiError.unavailable(str(exc), code="no_instance")
+    if isinstance(exc, NoReadyInstance):
+        return ApiError.unavailable(str(exc), code="model_not_ready")
+    if isinstance(exc, Overloaded):
+        retry = max(1, math.ceil(exc.retry_after))
+        err = ApiError.over_capacity(f"{exc}; retry in {retry} s")
+        err.headers = {"Retry-After": str(retry)}
+        return err
+    if isinstance(exc, RemoteUnavailable):
+        return ApiError.unavailable(str(exc), code="model_not_ready")
+    return ApiError.server_error(str(exc), code="internal")
+
+
+def serving_error(exc: Exception, request: Request) -> ApiError:
+    """Any failure of serving ``request`` as the client sees it."""
+    if isinstance(exc, ModelUnavailable):
+        return unavailable_error(exc)
+    if isinstance(exc, RequestFailure):
+        return failure_error(exc, request)
+    return routing_error(exc)
 
 
 def failure_error(exc: RequestFailure, request: Request) -> ApiError:
@@ -62,6 +100,8 @@ def failure_error(exc: RequestFailure, request: Request) -> ApiError:
     message = f"generation failed: {exc.reason}: {exc.message}"
     if exc.reason in _DEADLINE_REASONS:
         return ApiError(504, message, type="timeout_error", code=exc.reason)
+    if exc.reason in _LOST_REASONS:
+        return ApiError(502, message, type="server_error", code=exc.reason)
     return ApiError.server_error(message, code=exc.reason)
 
 
@@ -128,10 +168,8 @@ class OpenedStream:
                     yield chunk
                 if isinstance(item, Generation):
                     return
-        except ModelUnavailable as exc:
-            raise unavailable_error(exc) from exc
-        except RequestFailure as exc:
-            raise failure_error(exc, out.request) from exc
+        except SERVING_ERRORS as exc:
+            raise serving_error(exc, out.request) from exc
         raise ApiError.server_error("generation ended without a result", code="internal")
 
     def _emit(self, item: str | Generation) -> list[dict[str, object]]:
@@ -144,21 +182,19 @@ class OpenedStream:
         await self._items.aclose()
 
 
-async def open_stream(service: ModelService, request: Request) -> OpenedStream:
-    """Start ``request``'s generation and wait for its first item (text or the end).
+async def open_stream(items: Items, request: Request) -> OpenedStream:
+    """Start ``request``'s generation (``items``, not started yet) and wait for its first item
+    (text or the end).
 
     Raises :class:`ApiError` if it fails first — nothing is left running then. Otherwise the
     caller owns the returned :class:`OpenedStream` and must close it.
     """
-    items = service.generate(request.prompt, request.params)
     try:
         first = await anext(items)
     except StopAsyncIteration:
         raise ApiError.server_error("generation ended without a result", code="internal") from None
-    except ModelUnavailable as exc:
-        raise unavailable_error(exc) from exc
-    except RequestFailure as exc:
-        raise failure_error(exc, request) from exc
+    except SERVING_ERRORS as exc:
+        raise serving_error(exc, request) from exc
     except BaseException:  # cancelled while waiting, or a bug: leave nothing running
         with trio.CancelScope(shield=True):
             await items.aclose()
@@ -186,18 +222,17 @@ async def sse_body(opened: OpenedStream) -> AsyncGenerator[bytes, None]:
     yield SSE_DONE
 
 
-async def complete(service: ModelService, request: Request) -> dict[str, object]:
-    """The whole response of a non-streamed request. Raises :class:`ApiError`."""
+async def complete(items: Items, request: Request) -> dict[str, object]:
+    """The whole response of a non-streamed request (``items``: its generation, not started
+    yet). Raises :class:`ApiError`."""
     out = Output(request)
     parts: list[str] = []
     try:
-        async with aclosing(service.generate(request.prompt, request.params)) as items:
+        async with aclosing(items):
             async for item in items:
                 if isinstance(item, Generation):
                     return out.whole("".join(parts), item)
                 parts.append(item)
-    except ModelUnavailable as exc:
-        raise unavailable_error(exc) from exc
-    except RequestFailure as exc:
-        raise failure_error(exc, request) from exc
+    except SERVING_ERRORS as exc:
+        raise serving_error(exc, request) from exc
     raise ApiError.server_error("generation ended without a result", code="internal")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -29,16 +30,20 @@ from quart import websocket
 
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, check_json_value
 from skulk.api._openai import ApiError, parse_chat_completions
-from skulk.api._stream import open_stream
-from skulk.worker import ModelService
+from skulk.api._stream import Items, Request, open_stream
+from skulk.routing import Route
 
 log = logging.getLogger("skulk.api")
+
+Start = Callable[[Request], tuple[Route, Items]]
 
 #: Requests one socket may have in flight; more are refused with ``too_many_requests``.
 MAX_IN_FLIGHT = 32
 
 
-async def serve_websocket(service: ModelService) -> None:
+async def serve_websocket(start: Start) -> None:
+    """Serve one socket; ``start(request)`` routes a request and returns its generation (not
+    started yet), raising :class:`ApiError` when it cannot be served."""
     ws: Any = websocket
     send_lock = trio.Lock()
     active: dict[str, trio.CancelScope] = {}
@@ -58,10 +63,9 @@ async def serve_websocket(service: ModelService) -> None:
                     if isinstance(body, dict):
                         body = {**body, "stream": True}  # always streamed over the socket
                     req = parse_chat_completions(body)
-                    if req.model != service.model_id:
-                        raise ApiError.model_not_found(req.model)
+                    _, items = start(req)
                     async with (
-                        aclosing(await open_stream(service, req)) as opened,
+                        aclosing(await open_stream(items, req)) as opened,
                         aclosing(opened.chunks()) as chunks,
                     ):
                         async for chunk in chunks:

@@ -2,7 +2,8 @@
 [--home DIR]`` and ``python -m skulk.bench raft [--json] [--clients N] [--duration S]
 [--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
 [--baseline-no-fsync]`` and ``python -m skulk.bench placement [--json] [--nodes N]
-[--repeats N]``."""
+[--repeats N]`` and ``python -m skulk.bench cluster [--json] [--max-tokens N] [--repeats N]
+[--node-down-after S]``."""
 
 from __future__ import annotations
 
@@ -48,7 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     placement.add_argument("--json", action="store_true", help="print only the JSON result")
     placement.add_argument("--nodes", type=int, default=100, help="simulated nodes (default 100)")
     placement.add_argument("--repeats", type=int, default=200, help="plans timed per case")
+    cluster = sub.add_parser("cluster", help="the remote hop, failover and placement")
+    cluster.add_argument("--json", action="store_true", help="print only the JSON result")
+    cluster.add_argument("--max-tokens", type=int, default=256)
+    cluster.add_argument("--repeats", type=int, default=9, help="interleaved pairs (default 9)")
+    cluster.add_argument(
+        "--node-down-after", type=float, default=5.0, help="the cluster's down delay (default 5)"
+    )
     args = parser.parse_args(argv)
+    if args.bench == "cluster":
+        from skulk.bench._cluster import run as run_cluster
+
+        result = run_cluster(args.max_tokens, args.repeats, args.node_down_after)
+        print(json.dumps(result, indent=None if args.json else 2))
+        return 0
     if args.bench == "raft":
         return _raft(args)
     if args.bench == "placement":

@@ -4,8 +4,9 @@ Nothing here does I/O (no Trio, no MLX, no clock): the leader decides (placement
 timestamps) and commits a :data:`~skulk.wire.cluster.ClusterCommand`; every replica runs
 :func:`apply` on it and gets the same :class:`State`. :class:`ClusterMachine` adapts this to
 the Raft ``StateMachine`` protocol; :func:`plan` is the leader's placement planner (its plans
-become ``PlaceInstance`` commands). Not yet wired into ``serve``: the consensus ``Registry``
-still runs. Normative description: ``specs/cluster.md``.
+become ``PlaceInstance`` commands); :func:`next_commands` is the leader's duties (upserts,
+``down`` verdicts, re-placements, removals). ``skulk.control`` runs them on a live node.
+Normative description: ``specs/cluster.md``.
 
 Quick use::
 
@@ -16,6 +17,7 @@ Quick use::
 """
 
 from ._apply import apply
+from ._duties import LeaderView, Reachable, failed_nodes, next_commands
 from ._machine import ClusterMachine, decode_result, encode_command
 from ._placement import (
     ModelNeeds,
@@ -38,6 +40,7 @@ from ._state import Instance, Node, Runner, State, state_hash
 __all__ = [
     "ClusterMachine",
     "Instance",
+    "LeaderView",
     "ModelNeeds",
     "NoCandidateNodes",
     "Node",
@@ -48,6 +51,7 @@ __all__ = [
     "PlacementPolicy",
     "PlacementRequest",
     "Plan",
+    "Reachable",
     "Runner",
     "ShardPlan",
     "State",
@@ -55,7 +59,9 @@ __all__ = [
     "apply",
     "decode_result",
     "encode_command",
+    "failed_nodes",
     "model_needs",
+    "next_commands",
     "node_capacities",
     "plan",
     "state_hash",

@@ -31,9 +31,9 @@ from ._errors import (
 from ._log import LogConflict
 from ._machine import Sessions, StateMachine, pack, unpack, unpack_as
 from ._osdisk import OsDisk
-from ._service import ConsensusService, Registry
+from ._service import ConsensusService
 from ._storage import Storage, StorageCorrupt, StorageError
-from ._transport import MemoryNetwork, MeshTransport, Transport
+from ._transport import SUBMIT_METHOD, MemoryNetwork, MeshTransport, Transport
 from ._types import (
     AppendReply,
     AppendRequest,
@@ -65,6 +65,7 @@ from ._types import (
 )
 
 __all__ = [
+    "SUBMIT_METHOD",
     "AppendReply",
     "AppendRequest",
     "Compact",
@@ -98,7 +99,6 @@ __all__ = [
     "Ready",
     "Receive",
     "Recovered",
-    "Registry",
     "Role",
     "Sessions",
     "Snapshot",

@@ -125,6 +125,7 @@ class RaftDriver(Generic[S]):
         self._started = self._running = False
         self._waiters = WaiterTable()
         self._changed = trio.Event()
+        self._applied_changed = trio.Event()
         self._seen: tuple[Role, NodeId | None, int] | None = None
         self._queue: collections.deque[Batch] = collections.deque([Batch()])
         self._work = trio.Event()  # the open batch got something
@@ -218,6 +219,17 @@ class RaftDriver(Generic[S]):
             raise ValueError("a submission needs a client_id and a seq >= 1")
         request = SubmitRequest(command, client_id, seq, 0)
         return await self._submit(request, trio.current_time() + timeout, forward, timeout)
+
+    @property
+    def applied(self) -> int:
+        """The index of the last entry applied to :attr:`state`."""
+        return self._applied
+
+    async def wait_applied(self, seen: int) -> None:
+        """Wait until the applied index is no longer ``seen`` (an entry was applied or a
+        snapshot restored). No deadline of its own: a watcher loops on it."""
+        while self._applied == seen:
+            await self._applied_changed.wait()
 
     async def wait_leader(self, timeout: float) -> NodeId:  # noqa: ASYNC109
         """The leader, once one is known (waits at most ``timeout`` s; :class:`NoQuorum`)."""
@@ -527,6 +539,9 @@ class RaftDriver(Generic[S]):
             for entry, result in zip(entries, results, strict=True):
                 self._waiters.committed(entry.index, entry.term, result)
             self._applied = entries[-1].index
+        if restored is not None or entries:
+            self._applied_changed.set()
+            self._applied_changed = trio.Event()
         core, every = self._core, self._config.snapshot_every
         if core is not None and every > 0 and self._applied - core.first_index + 1 >= every:
             self._compact_due = True

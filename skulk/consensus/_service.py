@@ -2,7 +2,7 @@
 
 ``python -m skulk serve`` runs one :class:`ConsensusService`::
 
-    consensus = ConsensusService(node_id, mesh, data_dir, founder=not join_urls)
+    consensus = ConsensusService(node_id, mesh, data_dir, ClusterMachine(), founder=not join_urls)
     mesh = Mesh(..., rpc_handler=consensus.handle_rpc)   # forwarded submissions
     await nursery.start(consensus.run)
     ...
@@ -14,21 +14,21 @@
   until the leader adds it. A node with data resumes as the member it was, whatever its flags.
 * **Leader duties** run while this node leads: every ``duty_interval`` seconds the leader adds
   linked nodes that are not members as learners and promotes caught-up learners, up to an odd
-  number of voters (:mod:`skulk.consensus._membership`). Nodes are never removed automatically.
+  number of voters (:mod:`skulk.consensus._membership`). Nodes are removed only when asked
+  (:meth:`ConsensusService.remove_member`: an operator, or the cluster layer's policy).
 * **Graceful shutdown** (:meth:`step_down`) hands leadership to the most up-to-date voter, so the
   cluster does not wait an election timeout for a new leader.
 
-The replicated state machine is :class:`Registry`, a key-value map; the cluster state of the
-placement layer will replace it.
+The replicated state machine is given (``machine``); a live node runs the cluster State
+(:class:`skulk.cluster.ClusterMachine`), wired in by ``serve``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
+from typing import Generic, TypeVar
 
-import attrs
 import trio
 
 from skulk.federation import Mesh, PeerState, RpcFailed
@@ -37,58 +37,19 @@ from skulk.federation._meshview import JsonValue
 from ._core import ProposalRefused, Role
 from ._driver import DriverConfig, RaftDriver
 from ._errors import ConsensusError
-from ._machine import pack, unpack_as
+from ._machine import StateMachine
 from ._membership import DEFAULT_MAX_VOTERS, next_change
 from ._osdisk import OsDisk
 from ._storage import Storage
 from ._transport import SUBMIT_METHOD, MeshTransport
-from ._types import Entry, EntryKind, NodeId, Recovered
+from ._types import ConfChange, NodeId, Recovered
 
 log = logging.getLogger("skulk.consensus")
 
-@attrs.frozen
-class RegistryState:
-    values: Mapping[str, bytes] = attrs.field(factory=dict)
+S = TypeVar("S")
 
 
-class Registry:
-    """A replicated key-value map. A command is ``pack([key, value])``: set ``key`` to
-    ``value`` (``None`` deletes it); its result is ``b"ok"``, or ``b"bad_command"`` for bytes
-    that are not such a pair (applied as a no-op, identically on every replica)."""
-
-    def initial(self) -> RegistryState:
-        return RegistryState()
-
-    def apply(self, state: RegistryState, entry: Entry) -> tuple[RegistryState, bytes]:
-        if entry.kind is not EntryKind.COMMAND:
-            return state, b""
-        try:
-            pair = unpack_as(entry.data, list, max_size=1024 * 1024)
-        except ConsensusError:
-            return state, b"bad_command"
-        if len(pair) != 2 or not isinstance(pair[0], str):
-            return state, b"bad_command"
-        key, value = pair
-        values = dict(state.values)
-        if value is None:
-            values.pop(key, None)
-        elif isinstance(value, bytes):
-            values[key] = value
-        else:
-            return state, b"bad_command"
-        return RegistryState(values), b"ok"
-
-    def snapshot(self, state: RegistryState) -> bytes:
-        return pack(dict(sorted(state.values.items())))
-
-    def restore(self, data: bytes) -> RegistryState:
-        values = unpack_as(data, dict)
-        if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in values.items()):
-            raise ConsensusError("a registry image maps str to bytes")
-        return RegistryState(values)
-
-
-class ConsensusService:
+class ConsensusService(Generic[S]):
     """See the module doc."""
 
     def __init__(
@@ -96,6 +57,7 @@ class ConsensusService:
         node_id: NodeId,
         mesh: Mesh,
         data_dir: Path,
+        machine: StateMachine[S],
         *,
         founder: bool,
         config: DriverConfig = DriverConfig(),  # noqa: B008 - frozen
@@ -108,10 +70,10 @@ class ConsensusService:
         self._duty_interval = duty_interval
         self._max_voters = max_voters
         self.transport = MeshTransport(mesh)
-        self.driver: RaftDriver[RegistryState] = RaftDriver(
+        self.driver: RaftDriver[S] = RaftDriver(
             node_id,
             voters=(node_id,) if founder else (),
-            machine=Registry(),
+            machine=machine,
             open_storage=self._open_storage,
             transport=self.transport,
             config=config,
@@ -142,6 +104,21 @@ class ConsensusService:
                 log.info("raft %s: leadership handed to %s", self.node_id, new)
             elif conf is not None and set(conf.voters) - {self.node_id}:  # else: nobody to hand to
                 log.warning("raft %s: leadership not handed over in %gs", self.node_id, timeout)
+
+    async def remove_member(self, node: NodeId, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
+        """On the leader: remove ``node`` from the Raft membership. Returns True once it is
+        no longer a member (checked as entries apply, at most ``timeout`` s), False if it was
+        not one or is still one. Raises :class:`NotLeader` on a non-leader,
+        :class:`ProposalRefused` when the leader cannot take it now (e.g. the last voter)."""
+        conf = self.driver.conf
+        if conf is None or node not in conf.members():
+            return False
+        self.driver.propose_conf_change(ConfChange("remove", node))
+        with trio.move_on_after(timeout):
+            while (conf := self.driver.conf) is not None and node in conf.members():
+                await self.driver.wait_applied(self.driver.applied)
+        conf = self.driver.conf
+        return conf is not None and node not in conf.members()
 
     def linked_peers(self) -> set[NodeId]:
         return {

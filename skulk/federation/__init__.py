@@ -80,7 +80,7 @@ from ._machine import (
     Waiting,
     valid_node_id,
 )
-from ._mesh import DEFAULT_RECONNECT, Mesh
+from ._mesh import DEFAULT_RECONNECT, Mesh, StreamHandler
 from ._meshview import (
     DEFAULT_LISTEN,
     LinkDown,
@@ -181,6 +181,7 @@ __all__ = [
     "SecretError",
     "SecretSource",
     "ServerHandshake",
+    "StreamHandler",
     "StreamStopped",
     "StreamTransport",
     "TelemetryApplyOutcome",

@@ -46,7 +46,7 @@ import logging
 import random
 import secrets
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
 import trio
@@ -54,6 +54,7 @@ import trio_websocket
 
 from skulk.actors import RestartPolicy
 
+from ._datastream import DataReceiver
 from ._handshake import ClientHandshake, ServerHandshake
 from ._link import Link, RpcHandler
 from ._linkbase import HandshakeFailed, LinkConfig
@@ -79,6 +80,9 @@ from ._transport import WebSocketTransport
 
 log = logging.getLogger("skulk.federation.mesh")
 
+StreamHandler = Callable[[str, DataReceiver], Awaitable[None]]
+"""``(peer id, receiver)``: serves one incoming data stream (see :class:`Mesh`)."""
+
 DEFAULT_RECONNECT = RestartPolicy(
     initial_backoff=0.2, max_backoff=10.0, multiplier=2.0, jitter=0.5, reset_after=10.0
 )
@@ -90,7 +94,9 @@ class Mesh:
     """Listens for peers, dials peers, keeps one authenticated link per node pair.
 
     ``rng`` draws the reconnect jitter (seed it for reproducible delays); ``backoff`` shapes
-    the delays (:data:`DEFAULT_RECONNECT`). ``rpc_handler`` answers rpc calls on every link.
+    the delays (:data:`DEFAULT_RECONNECT`). ``rpc_handler`` answers rpc calls on every link;
+    ``stream_handler(peer_id, receiver)`` runs for every data stream a peer opens, as long as
+    its link lives (an exception in it is logged and closes only that stream).
     ``event_buffer`` bounds :attr:`events`: when it is full, events are dropped (counted in
     :meth:`statistics`) and :meth:`links` stays the truth. ``max_peers`` bounds the rows kept:
     beyond it, the oldest peers that are down and that no dial target names are forgotten.
@@ -109,6 +115,7 @@ class Mesh:
         join: Iterable[str] = (),
         link_config: LinkConfig = LinkConfig(),  # noqa: B008 - frozen, so sharing is safe
         rpc_handler: RpcHandler | None = None,
+        stream_handler: StreamHandler | None = None,
         rng: random.Random | None = None,
         backoff: RestartPolicy = DEFAULT_RECONNECT,
         max_handshakes: int = 64,
@@ -126,6 +133,7 @@ class Mesh:
         self._listen = listen
         self._config = link_config
         self._rpc_handler = rpc_handler
+        self._stream_handler = stream_handler
         self._rng = rng if rng is not None else random.Random()
         self._backoff = backoff
         self._max_handshakes = max_handshakes
@@ -250,10 +258,31 @@ class Mesh:
         started = trio.current_time()
         try:
             self._table.adopt(link, outbound, address)
-            await link.wait_closed()
+            if self._stream_handler is None:
+                await link.wait_closed()
+            else:
+                async with trio.open_nursery() as streams:
+                    streams.start_soon(self._serve_streams, link, streams)
+                    await link.wait_closed()
+                    streams.cancel_scope.cancel()  # the handlers live as long as the link
             return trio.current_time() - started
         finally:
             self._table.release(link)
+
+    async def _serve_streams(self, link: Link, nursery: trio.Nursery) -> None:
+        """Run the stream handler for each stream the peer opens (ends with the link)."""
+        async for receiver in link.incoming_streams:
+            nursery.start_soon(self._one_stream, link.peer_id, receiver)
+
+    async def _one_stream(self, peer: str, receiver: DataReceiver) -> None:
+        assert self._stream_handler is not None
+        try:
+            await self._stream_handler(peer, receiver)
+        except Exception:  # a handler's bug fails its stream, never the link or the mesh
+            log.exception("stream handler failed on a stream from %s", peer)
+        finally:
+            with trio.CancelScope(shield=True):
+                await receiver.aclose()  # stops the sender unless the stream ended
 
     # ---- listener ----
 

@@ -82,6 +82,9 @@ class NodeProcess:
     def post(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.post(self.url + path, timeout=60, **kw)
 
+    def delete(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.delete(self.url + path, timeout=60, **kw)
+
     def wait_ready(self, deadline: float = START_DEADLINE) -> None:
         self.wait_for(lambda: self.get("/health").status_code == 200, deadline, "ready")
 

@@ -11,6 +11,7 @@ The demo model's chat format is ``<|role|>\\n{content}<|end|>\\n`` per message (
 ``<|end|>`` (token id 0) is its EOS token.
 """
 
+from skulk.models._card import card_from_directory, model_card, model_directory
 from skulk.models._demo import (
     DEFAULT_DEMO_SEED,
     DEMO_MODEL_ID,
@@ -25,7 +26,10 @@ __all__ = [
     "DEMO_MODEL_ID",
     "ModelNotFound",
     "available_models",
+    "card_from_directory",
     "ensure_demo_model",
+    "model_card",
+    "model_directory",
     "resolve_model",
     "write_demo_model",
 ]

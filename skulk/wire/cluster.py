@@ -206,3 +206,78 @@ class Rejected:
 
 
 ClusterResult = Applied | Rejected
+
+# ---- calls to the leader (rpc ``control.call``) --------------------------------------------------
+
+
+@attrs.frozen
+class PlacementAsk:
+    """Any node asks the leader to plan (and, unless ``dry_run``, commit) an instance;
+    ``if_absent``: only if the model has no instance yet (``--model M`` is idempotent)."""
+
+    model: str
+    sharding: Sharding
+    nodes: tuple[str, ...]
+    excluded_nodes: tuple[str, ...]
+    min_nodes: int
+    max_nodes: int | None
+    dry_run: bool
+    if_absent: bool
+
+
+@attrs.frozen
+class RemoveNodeAsk:
+    """Any node asks the leader to remove ``node`` for good (State and Raft membership)."""
+
+    node: str
+
+
+ControlCall = PlacementAsk | RemoveNodeAsk
+
+
+@attrs.frozen
+class PlannedShard:
+    rank: int
+    node: str
+    start: int
+    end: int
+    need_bytes: int
+    available_bytes: int
+
+
+@attrs.frozen
+class Planned:
+    """A dry run's plan (nothing committed)."""
+
+    model: str
+    sharding: Sharding
+    shards: tuple[PlannedShard, ...]
+
+
+@attrs.frozen
+class Placed:
+    """The instance is committed (``existed``: an ``if_absent`` ask found one already)."""
+
+    instance: str
+    existed: bool
+
+
+@attrs.frozen
+class NodeRemoved:
+    node: str
+
+
+@attrs.frozen
+class ControlRefused:
+    """A typed refusal: a placement failure's name (``not_enough_memory`` with ``node``,
+    ``need``, ``have``; ``no_candidate_nodes``; ``unknown_model``; ``placement_info_pending``),
+    a State rejection's reason, or ``not_leader`` / ``no_quorum``."""
+
+    code: str
+    message: str
+    node: str | None = None
+    need: int | None = None
+    have: int | None = None
+
+
+ControlReply = Planned | Placed | NodeRemoved | ControlRefused

@@ -9,13 +9,17 @@ from skulk.worker._model_service import (
     ModelUnavailable,
     RequestFailure,
 )
+from skulk.worker._reconciler import Assignment, Reconciler, phase_of
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
     "RUNNER_RESTARTS",
+    "Assignment",
     "Generation",
     "ModelService",
     "ModelStatus",
     "ModelUnavailable",
+    "Reconciler",
     "RequestFailure",
+    "phase_of",
 ]

@@ -17,7 +17,18 @@ import trio
 from quart_trio import QuartTrio
 
 from skulk.api import create_app
+from skulk.cluster import State, apply
+from skulk.routing import Admission, Router
 from skulk.runner.protocol import TO_RUNNER
+from skulk.wire.cluster import (
+    Architecture,
+    ModelCard,
+    PathSource,
+    PlaceInstance,
+    RegisterModel,
+    Shard,
+    UpsertNode,
+)
 from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,
@@ -82,8 +93,34 @@ class FakeService:
             self.closed += 1
 
 
-def app_for(service: FakeService) -> QuartTrio:
-    return create_app(service)  # type: ignore[arg-type]
+class FakeNode:
+    """One node running ``service`` as instance ``i1`` of :data:`MODEL`, in a real cluster
+    State, behind a real :class:`~skulk.routing.Router` (no peers: nothing is remote)."""
+
+    def __init__(self, service: FakeService) -> None:
+        card = ModelCard(MODEL, PathSource("/m"), Architecture("llama", 2, 8, 2, 2, 10), 1, 64)
+        state = State()
+        for command in (
+            UpsertNode("n1", "http://n1", "ws://n1", 0),
+            RegisterModel(card),
+            PlaceInstance("i1", MODEL, "single", (Shard(0, "n1", 0, 2),), 0),
+        ):
+            state, _ = apply(state, command)
+        self.state = state
+        self.services = {"i1": service}
+
+
+def app_for(service: FakeService, admission: Admission | None = None) -> QuartTrio:
+    node = FakeNode(service)
+    router = Router(
+        "n1",
+        lambda: node.state,
+        lambda i: node.services.get(i),  # type: ignore[arg-type,return-value]
+        lambda peer: False,
+        None,  # type: ignore[arg-type]  # nothing is remote here
+        admission or Admission(),
+    )
+    return create_app(router, node)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -276,6 +313,28 @@ async def test_failure_mid_stream_ends_with_an_error_event_then_done(fake: FakeS
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[1]["choices"][0]["delta"]["content"] == "Hel"
     assert fake.closed == 1
+
+
+async def test_a_full_instance_answers_429_with_retry_after_and_serves_again_after(
+    fake: FakeService,
+) -> None:
+    admission = Admission(max_in_flight=1)
+    body = {"model": MODEL, "messages": USER}
+    async with app_for(fake, admission).test_app() as test_app:
+        client = test_app.test_client()
+        with admission.admit("i1"):  # another request holds the only place
+            for stream in (False, True):
+                response = await call(client, "POST", "/v1/chat/completions",
+                                      {**body, "stream": stream})  # fmt: skip
+                err = await error(response, 429)
+                assert err["code"] == "over_capacity"
+                assert response.headers["Retry-After"] == "1"
+        assert fake.started == 0  # refused before it reached the runner
+        response = await call(client, "POST", "/v1/chat/completions", body)
+        assert response.status_code == 200
+        assert response.headers["x-skulk-instance"] == "i1"
+        assert response.headers["x-skulk-node"] == "n1"
+    assert admission.statistics().in_flight == {}  # every place given back
 
 
 async def test_stream_starts_with_the_first_token(fake: FakeService) -> None:

@@ -83,3 +83,26 @@ def test_tls_options(tmp_path: Path) -> None:
         parse(["--tls-key", str(key)])
     with pytest.raises(ValueError, match="wss:// peer needs --tls-ca"):
         parse(["--join", "wss://10.0.0.2:52416"])
+
+
+def test_which_model_a_node_makes_sure_the_cluster_has() -> None:
+    # A founder with no flags serves the demo model; a joining node left at the default joins
+    # as capacity; --model M (flag or environment) is ensured either way; "none" never.
+    assert parse([]).ensured_model(founder=True) == "skulk-demo"
+    assert parse([]).ensured_model(founder=False) is None
+    assert parse(["--model", "skulk-demo"]).ensured_model(founder=False) == "skulk-demo"
+    assert parse([], {"SKULK_MODEL": "m"}).ensured_model(founder=False) == "m"
+    assert parse(["--model", "none"]).ensured_model(founder=True) is None
+
+
+def test_cluster_flags_become_cluster_config_changes() -> None:
+    assert parse([]).cluster_config_changes() == {}
+    got = parse(["--node-down-after", "2.5", "--node-remove-after", "60"])
+    assert got.cluster_config_changes() == {
+        "node_down_after_ms": 2500,
+        "node_remove_after_ms": 60000,
+    }
+    with pytest.raises(ValueError, match="--node-down-after"):
+        parse(["--node-down-after", "0"])
+    with pytest.raises(ValueError, match="--max-queue"):
+        parse(["--max-queue", "0"])

@@ -1,0 +1,242 @@
+"""The cluster's control routes: placements, instances, the State, node removal.
+
+``POST /v1/placements``, ``GET /v1/instances``, ``GET|DELETE /v1/instances/{id}``,
+``GET /v1/cluster/state``, ``DELETE /v1/cluster/nodes/{id}``. Placements and removals are
+decided by the leader (:meth:`ClusterControl.ask`); any node's API takes them. Refusals are
+the error envelope with ``code`` set to the failure's name (``docs/api.md`` lists them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+from quart import Response
+from quart_trio import QuartTrio
+
+from skulk.api._http_errors import json_response
+from skulk.api._openai import ApiError
+from skulk.cluster import Instance, State
+from skulk.control import ClusterControl, ControlUnavailable
+from skulk.wire.cluster import (
+    ControlRefused,
+    ControlReply,
+    DeleteInstance,
+    NodeRemoved,
+    Placed,
+    PlacementAsk,
+    Planned,
+    Rejected,
+    RemoveNodeAsk,
+)
+
+#: The status a refusal is answered with, by code (others: 409, a conflict with the State).
+REFUSAL_STATUS = {
+    "unknown_model": 404,
+    "unknown_node": 404,
+    "unknown_instance": 404,
+    "placement_info_pending": 503,
+    "no_quorum": 503,
+    "unavailable": 503,
+    "not_leader": 503,
+    "bad_value": 400,
+}
+
+_SHARDINGS = ("single", "pipeline", "tensor")
+_PLACEMENT_FIELDS = {
+    "model",
+    "sharding",
+    "nodes",
+    "excluded_nodes",
+    "min_nodes",
+    "max_nodes",
+    "dry_run",
+}
+#: How long a placement committed by the leader may take to reach this node's State.
+SEE_COMMIT_TIMEOUT = 5.0
+
+
+def instance_json(state: State, instance: Instance) -> dict[str, object]:
+    """One instance as ``GET /v1/instances`` shows it."""
+    runners = {(r.rank): r for r in state.runners if r.instance == instance.id}
+    return {
+        "id": instance.id,
+        "model": instance.model,
+        "sharding": instance.sharding,
+        "status": instance.status,
+        "shards": [
+            {
+                "rank": s.rank,
+                "node": s.node,
+                "layers": [s.start, s.end],
+                "runner": {
+                    "phase": runners[s.rank].phase if s.rank in runners else "pending",
+                    "failure": runners[s.rank].failure if s.rank in runners else None,
+                },
+            }
+            for s in instance.shards
+        ],
+    }
+
+
+def refusal_error(refused: ControlRefused) -> ApiError:
+    err = ApiError(
+        REFUSAL_STATUS.get(refused.code, 409),
+        refused.message,
+        type="invalid_request_error",
+        code=refused.code,
+    )
+    if refused.code in ("placement_info_pending", "no_quorum", "not_leader"):
+        err.headers = {"Retry-After": "1"}
+    return err
+
+
+def unavailable(exc: ControlUnavailable) -> ApiError:
+    err = ApiError.unavailable(exc.message, code=exc.code)
+    err.headers = {"Retry-After": "1"}
+    return err
+
+
+def parse_placement(body: object) -> PlacementAsk:
+    """A ``POST /v1/placements`` body; :class:`ApiError` (400 naming the field) otherwise."""
+    if not isinstance(body, dict):
+        raise ApiError.bad_body()
+    for key in body:
+        if key not in _PLACEMENT_FIELDS:
+            raise ApiError.unknown_parameter(str(key))
+    model = body.get("model")
+    if model is None:
+        raise ApiError.missing("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError.invalid_type("model", "a non-empty string", model)
+    sharding = body.get("sharding", "single")
+    if sharding not in _SHARDINGS:
+        raise ApiError.invalid("sharding", "sharding must be single, pipeline or tensor")
+    nodes = _names(body, "nodes")
+    excluded = _names(body, "excluded_nodes")
+    min_nodes = _count(body, "min_nodes", 1)
+    max_nodes = body.get("max_nodes")
+    if max_nodes is not None:
+        max_nodes = _count(body, "max_nodes", 1)
+        if max_nodes < min_nodes:
+            raise ApiError.invalid("max_nodes", "max_nodes must be at least min_nodes")
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ApiError.invalid_type("dry_run", "a boolean", dry_run)
+    return PlacementAsk(
+        model, sharding, nodes, excluded, min_nodes, max_nodes, dry_run, if_absent=False
+    )
+
+
+def _names(body: dict[str, object], key: str) -> tuple[str, ...]:
+    value = body.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ApiError.invalid_type(key, "an array of node ids", value)
+    if len(value) > 1024:
+        raise ApiError.invalid(key, f"{key} lists more than 1024 nodes")
+    return tuple(value)
+
+
+def _count(body: dict[str, object], key: str, default: int) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError.invalid_type(key, "an integer", value)
+    if not 1 <= value <= 1024:
+        raise ApiError.invalid(key, f"{key} must be between 1 and 1024")
+    return value
+
+
+def install_cluster_routes(
+    app: QuartTrio, control: ClusterControl, body_of: Callable[[], Awaitable[object]]
+) -> None:
+    """Add the control routes to ``app`` (``body_of``: the app's checked JSON body reader)."""
+
+    async def ask(call: PlacementAsk | RemoveNodeAsk) -> ControlReply:
+        try:
+            return await control.ask(call)
+        except ControlUnavailable as exc:
+            raise unavailable(exc) from None
+
+    async def see(instance_id: str) -> Instance | None:
+        """The instance once this node's State has it (a follower applies a moment later)."""
+        with trio.move_on_after(SEE_COMMIT_TIMEOUT):
+            while (found := control.state.instance(instance_id)) is None:
+                await control.wait_change(control.applied)
+            return found
+        return None
+
+    @app.post("/v1/placements")
+    async def placements() -> Response:
+        placement = parse_placement(await body_of())
+        try:  # a model this node has but the cluster does not know yet: register it first
+            registered = await control.register_model(placement.model)
+        except ControlUnavailable as exc:
+            raise unavailable(exc) from None
+        except LookupError as exc:
+            raise ApiError(
+                404, str(exc), type="invalid_request_error", param="model", code="unknown_model"
+            ) from None
+        except ValueError as exc:
+            raise ApiError.invalid("model", str(exc), code="unsupported_model") from None
+        reply = await ask(attrs.evolve(placement, model=registered))
+        if isinstance(reply, Planned):
+            plan = {
+                "model": reply.model,
+                "sharding": reply.sharding,
+                "shards": [
+                    {
+                        "rank": s.rank,
+                        "node": s.node,
+                        "layers": [s.start, s.end],
+                        "need_bytes": s.need_bytes,
+                        "available_bytes": s.available_bytes,
+                    }
+                    for s in reply.shards
+                ],
+            }
+            return json_response({"plan": plan}, 200)
+        if isinstance(reply, Placed):
+            instance = await see(reply.instance)
+            if instance is None:
+                return json_response({"instance": {"id": reply.instance}}, 201)
+            return json_response({"instance": instance_json(control.state, instance)}, 201)
+        assert isinstance(reply, ControlRefused)
+        raise refusal_error(reply)
+
+    @app.get("/v1/instances")
+    async def instances() -> Response:
+        state = control.state
+        return json_response({"instances": [instance_json(state, i) for i in state.instances]}, 200)
+
+    @app.get("/v1/instances/<instance_id>")
+    async def instance(instance_id: str) -> Response:
+        state = control.state
+        found = state.instance(instance_id)
+        if found is None:
+            raise ApiError.not_found(f"no instance {instance_id!r}", code="unknown_instance")
+        return json_response(instance_json(state, found), 200)
+
+    @app.delete("/v1/instances/<instance_id>")
+    async def delete_instance(instance_id: str) -> Response:
+        try:
+            result = await control.submit(DeleteInstance(instance_id))
+        except ControlUnavailable as exc:
+            raise unavailable(exc) from None
+        if isinstance(result, Rejected):
+            raise refusal_error(ControlRefused(result.reason, result.detail))
+        return json_response({"deleted": instance_id}, 200)
+
+    @app.get("/v1/cluster/state")
+    async def cluster_state() -> Response:
+        body = attrs.asdict(control.state)
+        body["applied"] = control.applied
+        return json_response(body, 200)
+
+    @app.delete("/v1/cluster/nodes/<node_id>")
+    async def remove_node(node_id: str) -> Response:
+        reply = await ask(RemoveNodeAsk(node_id))
+        if isinstance(reply, NodeRemoved):
+            return json_response({"removed": reply.node}, 200)
+        assert isinstance(reply, ControlRefused)
+        raise refusal_error(reply)

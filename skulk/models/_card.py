@@ -1,0 +1,73 @@
+"""Model cards: what the cluster State records about a model, read from its directory.
+
+A card is made on a node that has the model (the one started with ``--model``, or the one a
+placement names) and committed with ``RegisterModel``; every node that is assigned a shard
+turns the card's source back into a local directory with :func:`model_directory`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from skulk.models._demo import DEFAULT_DEMO_SEED, DEMO_MODEL_ID, ensure_demo_model
+from skulk.models._errors import ModelNotFound
+from skulk.models._resolve import resolve_model
+from skulk.wire.cluster import Architecture, DemoSource, ModelCard, ModelSource, PathSource
+
+#: The context length assumed when a model's config names none.
+DEFAULT_CONTEXT = 4096
+
+
+def model_card(name_or_path: str, home: Path) -> ModelCard:
+    """The card of the model ``name_or_path`` resolves to on this node (slow: may generate the
+    demo model). Raises :class:`ModelNotFound`, or ``ValueError`` for a config.json that does
+    not describe a transformer we can place."""
+    model_id, path = resolve_model(name_or_path, home)
+    source: ModelSource = (
+        DemoSource(DEFAULT_DEMO_SEED) if model_id == DEMO_MODEL_ID else PathSource(str(path))
+    )
+    return card_from_directory(model_id, path, source)
+
+
+def card_from_directory(model_id: str, path: Path, source: ModelSource) -> ModelCard:
+    """The card of the mlx-lm model directory ``path``."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}/config.json: {exc}") from None
+    text = config.get("text_config", config)  # multimodal configs nest the language model
+
+    def field(*names: str, default: int | None = None) -> int:
+        for name in names:
+            value = text.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        if default is not None:
+            return default
+        raise ValueError(f"{path}/config.json has no positive integer {names[0]}")
+
+    heads = field("num_attention_heads", "n_heads")
+    architecture = Architecture(
+        family=str(config.get("model_type", "unknown")),
+        layers=field("num_hidden_layers", "n_layers"),
+        hidden_size=field("hidden_size", "dim"),
+        heads=heads,
+        kv_heads=field("num_key_value_heads", default=heads),
+        vocab=field("vocab_size"),
+    )
+    weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    context = field("max_position_embeddings", default=DEFAULT_CONTEXT)
+    return ModelCard(model_id, source, architecture, weights, context)
+
+
+def model_directory(card: ModelCard, home: Path) -> Path:
+    """The local directory of ``card``'s model on this node (slow: may generate the demo
+    model). Raises :class:`ModelNotFound` when this node does not have it."""
+    source = card.source
+    if isinstance(source, DemoSource):
+        return ensure_demo_model(home, source.seed)
+    path = Path(source.path)
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(card.id, (), reason=f"{path} is not a model directory on this node")
+    return path

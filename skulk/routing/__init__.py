@@ -1,0 +1,22 @@
+"""Any-node request routing: the API asks the :class:`Router` for a model and gets its request
+served by a ready instance — in-process when this node runs one, else on the node running it,
+over the federation data plane (:class:`RemoteRouting`). Each serving node bounds what it takes
+(:class:`Admission`)."""
+
+from ._admission import Admission, AdmissionStatistics, Overloaded
+from ._remote import ROUTE_METHOD, RemoteRouting, RemoteUnavailable
+from ._router import ModelListing, ModelNotPlaced, NoReadyInstance, Route, Router
+
+__all__ = [
+    "ROUTE_METHOD",
+    "Admission",
+    "AdmissionStatistics",
+    "ModelListing",
+    "ModelNotPlaced",
+    "NoReadyInstance",
+    "Overloaded",
+    "RemoteRouting",
+    "RemoteUnavailable",
+    "Route",
+    "Router",
+]
