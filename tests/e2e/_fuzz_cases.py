@@ -23,8 +23,9 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 # The tables below are data: kept dense on purpose.
 # fmt: off
 GET_ROUTES = ["/health", "/v1/models", f"/v1/models/{MODEL}", "/v1/diagnostics/node",
-              "/v1/cluster/links", "/v1/cluster/raft", "/v1/cluster/nodes"]
-POST_ROUTES = [CHAT, COMPLETIONS, "/v1/diagnostics/node/retry"]
+              "/v1/cluster/links", "/v1/cluster/raft", "/v1/cluster/nodes", "/v1/instances",
+              "/v1/cluster/state"]
+POST_ROUTES = [CHAT, COMPLETIONS, "/v1/diagnostics/node/retry", "/v1/placements"]
 UNKNOWN_PATHS = [
     "/", "/v1", "/v1/", "/v2/chat/completions", "/v1//chat/completions", "//health", "/health/",
     "/v1/chat/completions/", "/v1/models/", "/v1/cluster", "/v1/cluster/", "/v1/cluster/x",
@@ -109,6 +110,23 @@ class Expect:
     check_param: bool = False
     allow: bool = False  # a 405 names the allowed methods
     close: bool = False  # the answer carries Connection: close
+
+
+# fmt: off
+#: Bodies for POST /v1/placements that must be refused (and place nothing), with the answer.
+PLACEMENT_BODIES = [
+    (b'{"x": 1}', Expect(400, "unknown_parameter")), (b"garbage\xff\xfe", Expect(400)),
+    (b"{" * 50, Expect(400)), (b'{"model": "x"}', Expect(404, "unknown_model")),
+    (b'{"model": 7}', Expect(400, "invalid_type")), (b"[]", Expect(400, "invalid_body")),
+    (b'{"model": "skulk-demo", "sharding": "ring"}', Expect(400, "invalid_value")),
+    (b'{"model": "skulk-demo", "nodes": "all"}', Expect(400, "invalid_type")),
+    (b'{"model": "skulk-demo", "min_nodes": 0}', Expect(400, "invalid_value")),
+    (b'{"model": "skulk-demo", "max_nodes": 1e400}', Expect(400, "invalid_value")),
+    (b'{"model": "skulk-demo", "dry_run": "yes"}', Expect(400, "invalid_type")),
+    (b'{"model": "\\ud800"}', Expect(400, "invalid_unicode")),
+    (b'{"model": "skulk-demo", "nodes": ["nobody"]}', Expect(409, "no_candidate_nodes")),
+]
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -457,9 +475,13 @@ def _route_case(rng: random.Random) -> HttpCase:
     elif r < 0.95:
         case = HttpCase(0, "ws_route", "GET /v1/ws without an upgrade", "GET", b"/v1/ws", body,
                         expect=Expect(400))  # fmt: skip
-    else:
+    elif r < 0.975:
         case = HttpCase(0, "retry", "POST retry while ready", "POST",
                         b"/v1/diagnostics/node/retry", body, JSON_CT)  # fmt: skip
+    else:
+        body, expect = rng.choice(PLACEMENT_BODIES)
+        case = HttpCase(0, "placement", f"POST /v1/placements {body[:30]!r}", "POST",
+                        b"/v1/placements", body, JSON_CT, expect=expect)  # fmt: skip
     send, chunks = _framing(rng, case.body)
     if case.method == "HEAD" and send == "pipelined":
         send = "length"

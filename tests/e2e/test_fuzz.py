@@ -139,6 +139,9 @@ async def check_intact(server: NodeProcess, base: Baseline, findings: Findings) 
     status, reply = await get_json(base.port, "POST", CHAT, chat)
     if status != 200 or not isinstance(reply, dict) or not reply.get("choices"):
         findings.add("not-intact", "a normal chat completion after fuzzing", f"{status} {reply}")
+    status, listed = await get_json(base.port, "GET", "/v1/instances")
+    if status != 200 or not isinstance(listed, dict) or len(listed["instances"]) != 1:
+        findings.add("not-intact", "one instance, none placed by fuzzing", f"{status} {listed}")
     status, diag = await get_json(base.port, "GET", "/v1/diagnostics/node")
     if status != 200 or not isinstance(diag, dict):
         findings.add("not-intact", "GET /v1/diagnostics/node after fuzzing", f"{status} {diag}")
