@@ -1,18 +1,22 @@
 """Deterministic fault-injection simulation of a Skulk Raft cluster (``python -m skulk.sim``).
 
 N nodes, each the real :class:`~skulk.consensus.RaftCore` over the real
-:class:`~skulk.consensus._storage.Storage` on a simulated disk, talk over a simulated network,
-driven by a plain single-threaded event loop in logical ticks. A seed decides everything
-(network delays and losses, the fault plan, the clients, the cores' election timeouts, torn
-writes), so one seed always gives the same trace hash. After every step the invariant checker
-(:mod:`skulk.sim._invariants`) verifies Raft's safety properties, durability, monotonicity and
-exactly-once client commands; after the faults heal, liveness.
+:class:`~skulk.consensus._storage.Storage` on a simulated disk, replicating the real cluster
+State (:class:`skulk.cluster.ClusterMachine` behind :class:`skulk.consensus.Sessions`), talk
+over a simulated network, driven by a plain single-threaded event loop in logical ticks. A seed
+decides everything (network delays and losses, the fault plan, the clients and the cluster
+commands their leaders decide, the cores' election timeouts, torn writes), so one seed always
+gives the same trace hash. After every step the invariant checker
+(:mod:`skulk.sim._invariants`) verifies Raft's safety properties, durability, monotonicity,
+exactly-once client commands and the cluster State's own invariants on every replica
+(:mod:`skulk.sim._clusterchecks`); after the faults heal, liveness.
 
     from skulk.sim import SimConfig, run_seed
     result = run_seed(7, SimConfig(steps=1000))
     assert result.ok, result.violation
 
 Pieces: :mod:`._world` (the loop), :mod:`._node` (the driver around core + storage),
+:mod:`._statemachine` (the replicated state), :mod:`._commands` (the cluster commands),
 :mod:`._network`, :mod:`._disk` / :mod:`._crashdisk`, :mod:`._workload` (clients),
 :mod:`._faults` (plans), :mod:`._swarm` (random plans), :mod:`._triggers` (faults timed by
 leader events), :mod:`._mutants` (negative controls), :mod:`._scenario`

@@ -103,14 +103,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         assert r.violation is not None
         names[r.violation.name] = names.get(r.violation.name, 0) + 1
     if args.json:
-        print(json.dumps({
-            "seeds": summaries,
-            "mutant": mutant.name,
-            "violations": len(failures),
-            "by_invariant": names,
-            "repro_files": [str(p) for _, p in failures],
-            "seconds": round(elapsed, 1),
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "seeds": summaries,
+                    "mutant": mutant.name,
+                    "violations": len(failures),
+                    "by_invariant": names,
+                    "repro_files": [str(p) for _, p in failures],
+                    "seconds": round(elapsed, 1),
+                },
+                indent=1,
+            )
+        )
     else:
         acks = sum(s["acks"] for s in summaries)
         print(
@@ -130,9 +135,7 @@ def _scenario_json(res: ScenarioResult) -> dict[str, Any]:
         "expected": res.scenario.outcome,
         "reason": res.reason,
         "trace_hash": res.run.trace_hash,
-        "checks": [
-            {"check": c.check.label(), "ok": c.ok, "detail": c.detail} for c in res.checks
-        ],
+        "checks": [{"check": c.check.label(), "ok": c.ok, "detail": c.detail} for c in res.checks],
     }
 
 
@@ -181,18 +184,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
     same_hash = result.trace_hash == repro.trace_hash
     same_outcome = result.violation == repro.violation
     if args.json:
-        print(json.dumps({
-            **result.summary(),
-            "recorded_trace_hash": repro.trace_hash,
-            "recorded_violation": attrs.asdict(repro.violation) if repro.violation else None,
-            "reproduced": same_hash and same_outcome,
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    **result.summary(),
+                    "recorded_trace_hash": repro.trace_hash,
+                    "recorded_violation": attrs.asdict(repro.violation)
+                    if repro.violation
+                    else None,
+                    "reproduced": same_hash and same_outcome,
+                },
+                indent=1,
+            )
+        )
     else:
         print(f"seed {result.seed} mutant {result.mutant}: {result.trace_hash}")
         print(f"violation: {result.violation or 'none'}")
+        recorded = f"{repro.trace_hash}, {repro.violation or 'no violation'}"
         print(
-            "reproduced exactly" if same_hash and same_outcome else
-            f"NOT reproduced (recorded {repro.trace_hash}, {repro.violation or 'no violation'})"
+            "reproduced exactly"
+            if same_hash and same_outcome
+            else f"NOT reproduced (recorded {recorded})"
         )
         if result.violation:
             print("last trace lines:")

@@ -91,27 +91,34 @@ class Action:
 # op -> (fields it requires, fields it may use, description)
 OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     # network
-    "partition": (("groups",), (), "nodes in different groups cannot talk; unlisted nodes "
-                  "reach everyone (a bridge)"),
+    "partition": (
+        ("groups",),
+        (),
+        "nodes in different groups cannot talk; unlisted nodes reach everyone (a bridge)",
+    ),
     "isolate": (("node",), (), "cut node off from every other node, both ways"),
     "cut": (("node", "peer"), ("msg",), "one-way: messages node -> peer (of type msg) are lost"),
     "flap": (("node", "peer", "n"), (), "the node<->peer link goes down/up every n ticks"),
     "heal": ((), (), "remove every partition, isolation, cut and flapping link"),
-    "rejoin": (("node",), (), "end node's isolation (partitions, cuts and other isolations "
-               "stay)"),
-    "drop": ((), ("node", "peer", "p", "msg"), "loss probability p (one directed link if "
-             "node+peer, one message type if msg)"),
+    "rejoin": (("node",), (), "end node's isolation (partitions, cuts and other isolations stay)"),
+    "drop": (
+        (),
+        ("node", "peer", "p", "msg"),
+        "loss probability p (one directed link if node+peer, one message type if msg)",
+    ),
     "dup": ((), ("node", "peer", "p", "msg"), "duplication probability p"),
-    "delay": (("hi",), ("node", "peer", "lo", "msg"), "delay drawn from [lo, hi] ticks "
-              "(lo >= 1)"),
+    "delay": (("hi",), ("node", "peer", "lo", "msg"), "delay drawn from [lo, hi] ticks (lo >= 1)"),
     # nodes
     "crash": (("node",), (), "process dies; un-fsynced writes are lost (disk.crash)"),
     "restart": (("node",), (), "start a crashed node from what its disk holds"),
     "pause": (("node",), (), "freeze a node: no ticks, incoming messages queue"),
     "resume": (("node",), (), "unfreeze; queued messages are delivered"),
     "crash_during_write": (("node", "n"), (), "crash at the n-th next disk write"),
-    "crash_on_snapshot": (("node",), ("n",), "crash at the n-th disk write of the next "
-                          "persist that carries a snapshot"),
+    "crash_on_snapshot": (
+        ("node",),
+        ("n",),
+        "crash at the n-th disk write of the next persist that carries a snapshot",
+    ),
     # disks
     "disk_full": (("node",), (), "writes fail with ENOSPC"),
     "disk_ok": (("node",), (), "the disk has space again"),
@@ -136,8 +143,13 @@ advanced its commit index for the first time in its term (``first_commit``: its 
 established, and so is every entry before it), a leader appended a client command
 (``proposed``)."""
 MESSAGE_TYPES = (
-    "AppendRequest", "AppendReply", "VoteRequest", "VoteReply", "SnapshotChunk",
-    "SnapshotReply", "TimeoutNow",
+    "AppendRequest",
+    "AppendReply",
+    "VoteRequest",
+    "VoteReply",
+    "SnapshotChunk",
+    "SnapshotReply",
+    "TimeoutNow",
 )
 
 

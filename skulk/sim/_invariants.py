@@ -30,11 +30,23 @@ failure:
 ``restore_mismatch``          a snapshot's image is the state at the snapshot's index
 ``prevote_discipline``        a real candidacy follows pre-vote grants from a quorum (or a
                               TimeoutNow)
-``replay_mismatch`` / ``ack_lost`` / ``applied_twice``
+``replay_mismatch`` / ``ack_lost`` / ``applied_twice`` / ``ack_result``
                               at the end: replaying the oracle log from scratch gives every
                               recorded state hash, and every acknowledged command is in it,
-                              effective exactly once
+                              effective exactly once, and answered its client what its
+                              effective application answered
 ============================  =================================================================
+
+The state compared at each applied index is the whole :class:`~skulk.sim._statemachine.SmState`:
+the real cluster State (so equal applied index => equal :func:`skulk.cluster.state_hash` on every
+replica; values are compared, which is the same thing for a canonical encoding, and both hashes
+are reported on a mismatch), the sessions with their cached results, and the digest chain; the
+result bytes of each index are compared too. After every applied entry on every replica, the
+cluster oracles of :mod:`skulk.sim._clusterchecks` also run on the State before and after it
+(``rejected_changed_state``, ``placement_discipline``, ``placed_on_unavailable_node``,
+``runner_records``, ``state_shape``); an entry that did not take effect (a no-op, a membership
+change, a retry) must leave the cluster State as it was (``noop_changed_state``), and a result
+must decode (``bad_result``).
 
 Everything is keyed by ints and node ids; nothing depends on hash-ordered iteration.
 """
@@ -46,6 +58,9 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
+from skulk.cluster import decode_result
+from skulk.cluster import state_hash as cluster_state_hash
+from skulk.cluster._apply import COMMAND_CODEC
 from skulk.consensus._core import Role
 from skulk.consensus._types import (
     Entry,
@@ -59,7 +74,21 @@ from skulk.consensus._types import (
     TimeoutNow,
     VoteReply,
 )
-from skulk.sim._statemachine import INITIAL, SmState, decode_state, replay, state_hash
+from skulk.sim._clusterchecks import outcome_key, result_text, transition_problem
+from skulk.sim._statemachine import (
+    INITIAL,
+    MACHINE,
+    Machine,
+    SmState,
+    decode_state,
+    replay,
+    state_hash,
+)
+from skulk.wire import WireError
+from skulk.wire.cluster import ClusterCommand, ClusterResult
+
+Ack = tuple[str, int, int, int, bytes]
+"""An acknowledged command: ``(client_id, seq, index, term, result)``."""
 
 GENESIS = b"\x00" * 32
 
@@ -87,9 +116,7 @@ class ViolationFound(Exception):
 def chain_hash(prev: bytes, entry: Entry) -> bytes:
     """The hash chain link for ``entry`` after a prefix whose chain hash is ``prev``."""
     conf = f"{entry.conf.op}:{entry.conf.node}" if entry.conf is not None else ""
-    head = (
-        f"{entry.index}|{entry.term}|{entry.kind.value}|{entry.client_id}|{entry.seq}|{conf}|"
-    )
+    head = f"{entry.index}|{entry.term}|{entry.kind.value}|{entry.client_id}|{entry.seq}|{conf}|"
     return hashlib.sha256(prev + head.encode() + entry.data).digest()
 
 
@@ -131,11 +158,19 @@ class NodeTrack:
 class Checker:
     """The invariant checker. ``clock`` returns the current tick (for violation reports);
     ``require_pre_vote`` enables ``prevote_discipline`` (set from the simulation's intended
-    configuration, not the possibly-mutated core's)."""
+    configuration, not the possibly-mutated core's); ``machine`` replays the log at the end
+    (the nodes' own, so that only impurity, not a mutant's semantics, makes a replay differ)."""
 
-    def __init__(self, clock: Callable[[], int], *, require_pre_vote: bool = True) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], int],
+        *,
+        require_pre_vote: bool = True,
+        machine: Machine = MACHINE,
+    ) -> None:
         self._clock = clock
         self.require_pre_vote = require_pre_vote
+        self.machine = machine
         self.tracks: dict[str, NodeTrack] = {}
         self.chains: dict[tuple[int, int], bytes] = {(0, 0): GENESIS}
         self.leaders: dict[int, str] = {}
@@ -143,6 +178,11 @@ class Checker:
         self.committed: dict[int, bytes] = {}
         self.applied_entries: dict[int, Entry] = {}
         self.applied_state: dict[int, SmState] = {0: INITIAL}
+        self.applied_results: dict[int, bytes] = {}
+        self._decoded: dict[int, tuple[ClusterCommand | None, ClusterResult | None]] = {}
+        self.command_stats: dict[str, int] = {}
+        """After :meth:`final_replay`: ``"Kind:applied"`` / ``"Kind:reason"`` -> how many
+        effective commands of the log had that outcome."""
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -255,9 +295,7 @@ class Checker:
             if hs.term < old.term:
                 self.fail("monotonic_term", node, f"persisted term {hs.term} < {old.term}")
             if hs.term == old.term and old.vote is not None and hs.vote != old.vote:
-                self.fail(
-                    "double_vote", node, f"term {hs.term}: voted {old.vote}, now {hs.vote}"
-                )
+                self.fail("double_vote", node, f"term {hs.term}: voted {old.vote}, now {hs.vote}")
             if hs.commit < old.commit:
                 self.fail("monotonic_commit", node, f"persisted commit {hs.commit} < {old.commit}")
             tr.hs = hs
@@ -285,9 +323,7 @@ class Checker:
             chain = chain_hash(prev, e)
             known = self.chains.setdefault((i, e.term), chain)
             if known != chain:
-                self.fail(
-                    "log_matching", node, f"entry {i}@{e.term} differs from another node's"
-                )
+                self.fail("log_matching", node, f"entry {i}@{e.term} differs from another node's")
             tr.log[i] = (e.term, chain)
             tr.last = i
 
@@ -296,7 +332,7 @@ class Checker:
     def on_restored(self, node: str, snapshot: Snapshot, state: SmState) -> None:
         tr = self.track(node)
         meta = snapshot.meta
-        state = decode_state(snapshot.data)
+        state = decode_state(snapshot.data, machine=self.machine)
         if state.applied != meta.index:
             self.fail(
                 "restore_mismatch", node, f"snapshot {meta.index} holds state at {state.applied}"
@@ -306,8 +342,19 @@ class Checker:
         self._record_state(node, meta.index, state)
         tr.applied = meta.index
 
-    def on_applied(self, node: str, entry: Entry, commit: int, state: SmState) -> None:
-        """``node`` applied ``entry`` (its commit index is ``commit``) and is now in ``state``."""
+    def on_applied(
+        self,
+        node: str,
+        entry: Entry,
+        commit: int,
+        state: SmState,
+        *,
+        before: SmState,
+        effective: bool,
+        result: bytes,
+    ) -> None:
+        """``node`` applied ``entry`` (its commit index is ``commit``) to ``before`` and is now
+        in ``state``; ``effective``: it reached the cluster machine, answering ``result``."""
         tr = self.track(node)
         i = entry.index
         if i != tr.applied + 1:
@@ -320,17 +367,71 @@ class Checker:
                 "state_machine_safety", node, f"applied {entry} at {i}; another applied {known}"
             )
         self._record_state(node, i, state)
+        known_result = self.applied_results.setdefault(i, result)
+        if known_result != result:
+            self.fail(
+                "state_machine_safety",
+                node,
+                f"entry {i} answered {result_text(result)}; another node's answered "
+                f"{result_text(known_result)}",
+            )
+        self._check_cluster(node, entry, before, state, effective, result)
         tr.applied = i
         tr.max_applied = max(tr.max_applied, i)
+
+    def _check_cluster(
+        self,
+        node: str,
+        entry: Entry,
+        before: SmState,
+        after: SmState,
+        effective: bool,
+        result: bytes,
+    ) -> None:
+        """The cluster State oracles (:mod:`skulk.sim._clusterchecks`) on one replica's step."""
+        old, new = before.cluster, after.cluster
+        if not effective:
+            if new is not old and new != old:
+                self.fail(
+                    "noop_changed_state",
+                    node,
+                    f"entry {entry.index} ({entry.kind.value}, {entry.client_id}:{entry.seq}) "
+                    "did not take effect yet changed the cluster State",
+                )
+            return
+        decoded = self._decoded.get(entry.index)
+        if decoded is None:
+            decoded = self._decoded[entry.index] = self._decode(node, entry, result)
+        problem = transition_problem(old, new, *decoded)
+        if problem is not None:
+            name, details = problem
+            self.fail(name, node, f"at index {entry.index}: {details}")
+
+    def _decode(
+        self, node: str, entry: Entry, result: bytes
+    ) -> tuple[ClusterCommand | None, ClusterResult | None]:
+        try:
+            answer = decode_result(result)
+        except WireError as exc:
+            self.fail("bad_result", node, f"entry {entry.index} answered {result!r:.60}: {exc}")
+            raise  # unreachable: fail raises
+        try:
+            command: ClusterCommand | None = COMMAND_CODEC.decode(entry.data)
+        except WireError:
+            command = None
+        return command, answer
 
     def _record_state(self, node: str, index: int, state: SmState) -> None:
         known = self.applied_state.setdefault(index, state)
         if known != state:  # cheaper than hashing every state; same meaning
+            mine, theirs = cluster_state_hash(state.cluster), cluster_state_hash(known.cluster)
             self.fail(
                 "state_machine_safety",
                 node,
                 f"state hash at applied index {index} is {state_hash(state).hex()[:12]}, "
-                f"another node had {state_hash(known).hex()[:12]}",
+                f"another node had {state_hash(known).hex()[:12]} (cluster state_hash "
+                f"{mine[:12]} vs {theirs[:12]}"
+                f"{'' if mine != theirs else '; sessions or digest differ'})",
             )
 
     # --- after each step ------------------------------------------------------------------
@@ -405,9 +506,7 @@ class Checker:
                 continue
             known = self.committed.setdefault(i, chain)
             if known != chain:
-                self.fail(
-                    "state_machine_safety", node, f"committed a different entry at index {i}"
-                )
+                self.fail("state_machine_safety", node, f"committed a different entry at index {i}")
         if new > self.commit_by_term.get(term, 0):
             self.commit_by_term[term] = new
 
@@ -445,21 +544,31 @@ class Checker:
 
     # --- acknowledgements ---------------------------------------------------------------
 
-    def check_acks(self, acks: Iterable[tuple[str, int, int, int]]) -> None:
-        """Every acknowledged command ``(client_id, seq, index, term)`` is the entry the oracle
-        holds at ``index`` (run periodically on new acknowledgements, and at the end)."""
-        for client, seq, index, term in acks:
+    def check_acks(self, acks: Iterable[Ack]) -> None:
+        """Every acknowledged command ``(client_id, seq, index, term, result)`` is the entry the
+        oracle holds at ``index``, answered ``result`` there (run periodically on new
+        acknowledgements, and at the end)."""
+        for client, seq, index, term, result in acks:
             e = self.applied_entries.get(index)
             if e is None or (e.client_id, e.seq, e.term) != (client, seq, term):
                 self.fail(
                     "ack_lost", "", f"acknowledged ({client}, {seq}) at {index}@{term}; log has {e}"
                 )
+            if self.applied_results.get(index, result) != result:
+                self.fail(
+                    "ack_result",
+                    "",
+                    f"({client}, {seq}) was told {result_text(result)}; entry {index} answered "
+                    f"{result_text(self.applied_results[index])}",
+                )
 
     # --- end of run -----------------------------------------------------------------------
 
-    def final_replay(self, acks: Iterable[tuple[str, int, int, int]]) -> int:
+    def final_replay(self, acks: Iterable[Ack]) -> int:
         """Replay the oracle log from scratch; check recorded state hashes and acknowledged
-        commands ``(client_id, seq, index, term)``. Returns the replayed length."""
+        commands ``(client_id, seq, index, term, result)``: in the log, effective once, and
+        told the result of that effective application (a retry's cached answer included).
+        Fills :attr:`command_stats`. Returns the replayed length."""
         top = max(self.applied_entries, default=0)
         entries: list[Entry] = []
         for i in range(1, top + 1):
@@ -469,20 +578,35 @@ class Checker:
             assert e is not None
             entries.append(e)
         effective: dict[tuple[str, int], int] = {}
-        for e, (state, eff) in zip(entries, replay(entries), strict=True):
+        answered: dict[tuple[str, int], bytes] = {}
+        stats: dict[str, int] = {}
+        replayed = replay(entries, machine=self.machine)
+        for e, (state, eff, result) in zip(entries, replayed, strict=True):
             known = self.applied_state.get(e.index)
             if known is not None and known != state:
                 self.fail("replay_mismatch", "", f"replayed state at {e.index} differs")
+            if eff:
+                key = outcome_key(e, result)
+                stats[key] = stats.get(key, 0) + 1
             if eff and e.client_id:
-                key = (e.client_id, e.seq)
-                effective[key] = effective.get(key, 0) + 1
-                if effective[key] > 1:
-                    self.fail("applied_twice", "", f"command {key} applied twice")
+                ck = (e.client_id, e.seq)
+                effective[ck] = effective.get(ck, 0) + 1
+                answered[ck] = result
+                if effective[ck] > 1:
+                    self.fail("applied_twice", "", f"command {ck} applied twice")
         acks = list(acks)
         self.check_acks(acks)
-        for client, seq, _, _ in acks:
+        for client, seq, index, _, result in acks:
             if effective.get((client, seq), 0) != 1:
                 self.fail("ack_lost", "", f"acknowledged ({client}, {seq}) never took effect")
+            if answered[(client, seq)] != result:
+                self.fail(
+                    "ack_result",
+                    "",
+                    f"({client}, {seq}) was told {result_text(result)} at {index}; it took "
+                    f"effect answering {result_text(answered[(client, seq)])}",
+                )
+        self.command_stats = dict(sorted(stats.items()))
         return top
 
 

@@ -50,9 +50,10 @@ from skulk.sim._crashdisk import CrashingDisk, SimCrash
 from skulk.sim._disk import SimDisk
 from skulk.sim._statemachine import (
     INITIAL,
+    MACHINE,
+    Machine,
     SmState,
     apply_entry,
-    apply_entry_impure,
     decode_state,
     encode_state,
 )
@@ -100,8 +101,11 @@ class NodeObserver(Protocol):
     def on_restored(self, node: SimNode, snapshot: Snapshot) -> None:
         """The state machine was replaced by ``snapshot``'s image (``node.state``)."""
 
-    def on_applied(self, node: SimNode, entry: Entry, effective: bool) -> None:
-        """``entry`` was applied; ``node.state`` is the state after it."""
+    def on_applied(
+        self, node: SimNode, entry: Entry, before: SmState, effective: bool, result: bytes
+    ) -> None:
+        """``entry`` was applied to ``before`` (``effective``: the sessions let it through to
+        the cluster machine), answering ``result``; ``node.state`` is the state after it."""
 
     def on_stepped(self, node: SimNode, inp: Input | None, ready: Ready) -> None:
         """A step (``inp`` None: start-up) was fully handled and the node is still up."""
@@ -135,6 +139,7 @@ class SimNode:
         make_core: MakeCore,
         seed: int,
         observer: NodeObserver,
+        machine: Machine = MACHINE,
     ) -> None:
         self.node_id = node_id
         self.settings = settings
@@ -145,6 +150,8 @@ class SimNode:
         self._seed = seed
         self._disk_rng = random.Random(f"{seed}:disk-crash:{node_id}")
         self._observer = observer
+        self.machine = machine
+        """Sessions around the cluster machine (a mutant's, in negative controls)."""
         self.status = NodeStatus.DOWN
         self.paused = False
         self.incarnation = 0
@@ -188,7 +195,7 @@ class SimNode:
         if self.settings.founders is not None and _empty(recovered):
             snap = Snapshot(
                 SnapshotMeta(0, 0, ConfState(tuple(self.settings.founders))),
-                encode_state(INITIAL),
+                encode_state(INITIAL, machine=self.machine),
             )
             boot = Ready(snapshot=snap)
             if not self._persist(boot):
@@ -277,7 +284,7 @@ class SimNode:
         meta = core.snapshot_meta
         if meta is None or self.state.applied <= meta.index:
             return []
-        inp = Compact(self.state.applied, encode_state(self.state))
+        inp = Compact(self.state.applied, encode_state(self.state, machine=self.machine))
         ready = core.step(inp)
         out = self._handle(ready, initial=False)
         if self.up:
@@ -317,21 +324,19 @@ class SimNode:
             return []
         out = list(ready.messages)
         if ready.restore and ready.snapshot is not None:
-            self.state = decode_state(ready.snapshot.data)
+            self.state = decode_state(ready.snapshot.data, machine=self.machine)
             self._observer.on_restored(self, ready.snapshot)
-        impure = self.settings.impure_apply
+        salt = self.node_id.encode() if self.settings.impure_apply else b""
         for entry in ready.committed:
-            if impure:
-                self.state, effective = apply_entry_impure(self.state, entry, self.node_id)
-            else:
-                self.state, effective = apply_entry(self.state, entry)
-            self._observer.on_applied(self, entry, effective)
+            before = self.state
+            self.state, effective, result = apply_entry(
+                before, entry, machine=self.machine, salt=salt
+            )
+            self._observer.on_applied(self, entry, before, effective, result)
         return out
 
 
 def _empty(recovered: Recovered) -> bool:
     return (
-        recovered.snapshot is None
-        and not recovered.entries
-        and recovered.hard_state == HardState()
+        recovered.snapshot is None and not recovered.entries and recovered.hard_state == HardState()
     )

@@ -43,6 +43,9 @@ class RunResult:
     liveness: str
     counters: tuple[tuple[str, int], ...]
     trace_tail: tuple[str, ...]
+    commands: tuple[tuple[str, int], ...] = ()
+    """Effective cluster commands of the log by kind and outcome (``"PlaceInstance:applied"``,
+    ``"PlaceInstance:node_not_up"``, ...); empty when the run stopped at a violation."""
 
     @property
     def ok(self) -> bool:
@@ -64,6 +67,7 @@ class RunResult:
             "max_commit": self.max_commit,
             "liveness": self.liveness,
             **dict(self.counters),
+            "commands": dict(self.commands),
         }
 
 
@@ -156,6 +160,7 @@ def result_of(world: World) -> RunResult:
             sorted({**world.counters, "triggered": world.triggers.statistics().fired}.items())
         ),
         trace_tail=tuple(world.trace.tail()),
+        commands=tuple(world.checker.command_stats.items()),
     )
 
 

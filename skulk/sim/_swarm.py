@@ -40,19 +40,38 @@ from skulk.sim._faults import LEADER, MESSAGE_TYPES, Action, sort_plan
 
 BASE_WEIGHTS: tuple[tuple[str, int], ...] = (
     # network
-    ("partition", 4), ("isolate", 3), ("cut", 2), ("flap", 2), ("drop", 2), ("delay", 2),
-    ("dup", 2), ("slow_msg", 2), ("slow_votes", 1), ("lossy_msg", 1),
+    ("partition", 4),
+    ("isolate", 3),
+    ("cut", 2),
+    ("flap", 2),
+    ("drop", 2),
+    ("delay", 2),
+    ("dup", 2),
+    ("slow_msg", 2),
+    ("slow_votes", 1),
+    ("lossy_msg", 1),
     # nodes
-    ("crash", 4), ("pause", 3),
+    ("crash", 4),
+    ("pause", 3),
     # aimed at leaders, by trigger
-    ("elected_isolate", 3), ("first_commit_isolate", 3), ("proposed_isolate", 3),
-    ("elected_crash", 1), ("first_commit_crash", 1), ("proposed_crash", 1),
-    ("elected_pause", 1), ("first_commit_pause", 1), ("proposed_pause", 1),
+    ("elected_isolate", 3),
+    ("first_commit_isolate", 3),
+    ("proposed_isolate", 3),
+    ("elected_crash", 1),
+    ("first_commit_crash", 1),
+    ("proposed_crash", 1),
+    ("elected_pause", 1),
+    ("first_commit_pause", 1),
+    ("proposed_pause", 1),
     # disks
-    ("disk_full", 1), ("fsync_error", 1), ("crash_during_write", 2), ("crash_on_snapshot", 1),
+    ("disk_full", 1),
+    ("fsync_error", 1),
+    ("crash_during_write", 2),
+    ("crash_on_snapshot", 1),
     ("flip_bit", 1),
     # cluster
-    ("transfer", 1), ("churn", 1),
+    ("transfer", 1),
+    ("churn", 1),
 )
 """Every kind :func:`random_plan` knows, with its weight in the full mix."""
 

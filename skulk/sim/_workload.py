@@ -1,5 +1,9 @@
 """The client workload: a few clients submitting ``(client_id, seq)`` commands with retries.
 
+What a command *is* is decided when it is sent, by ``compose(node, client_id, seq, now)``: in
+the world, the node's cluster command if it leads (:mod:`skulk.sim._commands`); by default
+the bytes ``b"client:seq"``.
+
 Each client has at most one command outstanding (which is what makes "``seq`` at or below the
 last applied one is a retry" a correct dedup rule). It submits to the node it believes leads
 (the last ``NotLeader`` hint) or a random node, and then:
@@ -7,8 +11,8 @@ last applied one is a retry" a correct dedup rule). It submits to the node it be
 * the node answers with the log position ``(index, term)`` where the command landed: the
   client waits. The command is *acknowledged* when that node applies the entry at ``index``
   with that ``term`` (whether or not dedup made it a no-op: either way it is in effect exactly
-  once). If the node applies a different entry there, or installs a snapshot past it, or goes
-  down, the attempt failed;
+  once), and it is told the entry's result there. If the node applies a different entry
+  there, or installs a snapshot past it, or goes down, the attempt failed;
 * ``NotLeader`` / refused / node down: try again shortly (following a hint at once);
 * no answer (a paused node) or no outcome within ``timeout`` ticks: try again.
 
@@ -41,16 +45,24 @@ class Outcome(enum.Enum):
 @attrs.frozen
 class Answer:
     """A node's answer to a submission. ``applied``: entries the node applied while taking it
-    (a single-voter leader commits at once), checked against the new submission."""
+    (a single-voter leader commits at once) with their results, checked against the new
+    submission."""
 
     position: LogPosition | None = None
     outcome: Outcome | None = None
     hint: str | None = None
-    applied: tuple[Entry, ...] = ()
+    applied: tuple[tuple[Entry, bytes], ...] = ()
 
 
 Submit = Callable[[str, str, int, bytes], Answer]
 """``submit(node, client_id, seq, data)``: propose at ``node`` now."""
+Compose = Callable[[str, str, int, int], bytes]
+"""``compose(node, client_id, seq, now)``: the command ``node`` would propose for it now."""
+
+
+def plain_command(node: str, client_id: str, seq: int, now: int) -> bytes:
+    """The default :data:`Compose`: ``b"client:seq"``."""
+    return f"{client_id}:{seq}".encode()
 
 
 @attrs.frozen
@@ -62,6 +74,8 @@ class Ack:
     node: str
     time: int
     attempts: int
+    result: bytes = b""
+    """What the client was told: the entry's result bytes on ``node``."""
 
 
 @attrs.define
@@ -94,12 +108,14 @@ class Workload:
         rate: float,
         timeout: int,
         trace: Callable[[str], None],
+        compose: Compose = plain_command,
     ) -> None:
         self._rng = rng
         self._nodes = tuple(node_ids)
         self._rate = rate
         self._timeout = timeout
         self._trace = trace
+        self._compose = compose
         self.clients: dict[str, Client] = {}
         for i in range(1, clients + 1):
             self.add_client(f"c{i}", auto=True)
@@ -155,7 +171,7 @@ class Workload:
         assert node is not None
         client.attempts += 1
         self.submissions += 1
-        data = f"{client.client_id}:{client.seq}".encode()
+        data = self._compose(node, client.client_id, client.seq, now)
         answer = submit(node, client.client_id, client.seq, data)
         pos = answer.position
         if pos is not None:
@@ -167,8 +183,8 @@ class Workload:
             self._pending[key] = (client.client_id, client.seq, pos.term)
             client.waiting_on = key
             client.deadline = now + (client.timeout or self._timeout)
-            for entry in answer.applied:
-                self.on_applied(node, entry, now)
+            for entry, result in answer.applied:
+                self.on_applied(node, entry, now, result)
             return
         outcome = answer.outcome
         self._trace(
@@ -194,8 +210,9 @@ class Workload:
 
     # --- what nodes report ------------------------------------------------------------------
 
-    def on_applied(self, node: str, entry: Entry, now: int) -> Ack | None:
-        """``node`` applied ``entry``: acknowledge or fail the submission waiting there."""
+    def on_applied(self, node: str, entry: Entry, now: int, result: bytes = b"") -> Ack | None:
+        """``node`` applied ``entry``, answering ``result``: acknowledge or fail the
+        submission waiting there."""
         pending = self._pending.pop((node, entry.index), None)
         if pending is None:
             return None
@@ -205,7 +222,7 @@ class Workload:
             self._trace(f"{now} C {client_id} {seq} lost-at {node} {entry.index}")
             self._fail_pending(client_id, now)
             return None
-        ack = Ack(client_id, seq, entry.index, term, node, now, client.attempts)
+        ack = Ack(client_id, seq, entry.index, term, node, now, client.attempts, result)
         self.acks.append(ack)
         self._trace(f"{now} C {client_id} {seq} acked {node} {entry.index}@{term}")
         client.acked += 1

@@ -10,10 +10,13 @@ Time is an integer tick. Within tick ``t`` the world, in this fixed order:
 3. gives each running, unpaused node one ``Tick`` (in node order); DEGRADED nodes retry their
    storage every ``degraded_retry`` ticks; crashed-by-I/O-error nodes restart after
    ``restart_delay``;
-4. lets the clients submit; checks liveness once everything was healed.
+4. lets the clients submit -- a leader that takes a submission decides its cluster command
+   then, from its own applied State and clock (:mod:`skulk.sim._commands`); checks liveness
+   once everything was healed.
 
 Every randomness comes from ``random.Random`` instances derived from the seed by name
-(``f"{seed}:network"``, ``f"{seed}:workload"``, ``f"{seed}:disk:{node}"``...), so one seed
+(``f"{seed}:network"``, ``f"{seed}:workload"``, ``f"{seed}:commands"``,
+``f"{seed}:disk:{node}"``...), so one seed
 (plus the plan and configuration) decides the whole run and its :class:`Trace` hash. The
 invariant checker sees every step (:class:`World` is the nodes' observer); the first
 violation, or an exception escaping the core or storage, stops the run.
@@ -26,6 +29,7 @@ import random
 import traceback
 from collections.abc import Callable, Sequence
 
+from skulk.cluster import encode_command
 from skulk.consensus._core import NotLeader, ProposalRefused, Role
 from skulk.consensus._storage import Storage, StorageCorrupt, verified_regions
 from skulk.consensus._types import (
@@ -41,6 +45,7 @@ from skulk.consensus._types import (
     Tick,
 )
 from skulk.sim._admin import Admin
+from skulk.sim._commands import CommandMaker
 from skulk.sim._config import SimConfig
 from skulk.sim._crashdisk import CrashingDisk
 from skulk.sim._disk import SimDisk
@@ -50,6 +55,7 @@ from skulk.sim._liveness import Liveness, voter_sets, worst_voter_set
 from skulk.sim._mutants import NONE, Mutant
 from skulk.sim._network import NETWORK_OPS, LinkParams, SimNetwork
 from skulk.sim._node import NodeSettings, NodeStatus, OpenStorage, SimNode, StorageLike
+from skulk.sim._statemachine import SmState
 from skulk.sim._trace import Trace, describe
 from skulk.sim._triggers import Triggers
 from skulk.sim._workload import Answer, Outcome, Workload
@@ -84,7 +90,12 @@ class World:
             self.node_ids,
             LinkParams(config.drop, config.dup, config.delay_lo, config.delay_hi),
         )
-        self.checker = Checker(lambda: self.now, require_pre_vote=config.pre_vote)
+        self.checker = Checker(
+            lambda: self.now, require_pre_vote=config.pre_vote, machine=mutant.machine("replay")
+        )
+        self.commands = CommandMaker(
+            random.Random(f"{seed}:commands"), self.node_ids, running=self._running
+        )
         self.workload = Workload(
             random.Random(f"{seed}:workload"),
             self.node_ids,
@@ -92,6 +103,7 @@ class World:
             rate=config.command_rate,
             timeout=config.timeout,
             trace=self.trace.add,
+            compose=self._compose,
         )
         raft = mutant.raft(config.raft())
         segment_bytes = config.segment_bytes
@@ -120,6 +132,7 @@ class World:
                 make_core=mutant.make_core(),
                 seed=seed,
                 observer=self,
+                machine=mutant.machine(nid),
             )
         self._heap: list[tuple[int, int, Message]] = []
         self._seq = 0
@@ -131,14 +144,21 @@ class World:
         self._acks_checked = 0
         self._capturing = ""
         """The node a submission is being made to: entries it applies meanwhile are captured."""
-        self._captured: list[Entry] = []
+        self._captured: list[tuple[Entry, bytes]] = []
         self.liveness = Liveness(window=5 * config.election_timeout_max)
         self.violation: Violation | None = None
         self.error: Exception | None = None
         """The exception behind an ``exception`` violation (for debugging)."""
         self.counters: dict[str, int] = {
-            "crashes": 0, "restarts": 0, "degraded": 0, "corrupt": 0, "restores": 0,
-            "applied": 0, "persists": 0, "delivered": 0, "elections": 0,
+            "crashes": 0,
+            "restarts": 0,
+            "degraded": 0,
+            "corrupt": 0,
+            "restores": 0,
+            "applied": 0,
+            "persists": 0,
+            "delivered": 0,
+            "elections": 0,
         }
         self.at_tick_end: dict[int, list[Callable[[], None]]] = {}
         """Callbacks run at the end of a tick (scenario checks); they may raise
@@ -193,7 +213,7 @@ class World:
                     self._check_new_acks()
                 self.now += 1
             self.checker.final_replay(
-                (a.client, a.seq, a.index, a.term) for a in self.workload.acks
+                (a.client, a.seq, a.index, a.term, a.result) for a in self.workload.acks
             )
         except ViolationFound as found:
             self.violation = found.violation
@@ -209,7 +229,7 @@ class World:
     def _check_new_acks(self) -> None:
         acks = self.workload.acks
         new = acks[self._acks_checked :]
-        self.checker.check_acks((a.client, a.seq, a.index, a.term) for a in new)
+        self.checker.check_acks((a.client, a.seq, a.index, a.term, a.result) for a in new)
         self._acks_checked = len(acks)
 
     def _send(self, messages: list[Message]) -> None:
@@ -270,6 +290,21 @@ class World:
 
     # --- clients ------------------------------------------------------------------------
 
+    def _running(self, nid: str) -> bool:
+        node = self.nodes[nid]
+        return node.up and not node.paused
+
+    def _compose(self, nid: str, client_id: str, seq: int, now: int) -> bytes:
+        """The cluster command ``nid`` proposes for ``(client_id, seq)``, decided from its own
+        applied State and clock (nothing, when it cannot take a proposal now)."""
+        node = self.nodes[nid]
+        core = node.core
+        if not self._running(nid) or core is None or core.role is not Role.LEADER:
+            return b""
+        command = self.commands.make(node.state.cluster, nid, client_id, seq, now)
+        self.trace.add(f"{now} K {client_id} {seq} {nid} {type(command).__name__}")
+        return encode_command(command)
+
     def _submit(self, nid: str, client_id: str, seq: int, data: bytes) -> Answer:
         node = self.nodes[nid]
         if node.paused:
@@ -329,14 +364,24 @@ class World:
         self.workload.on_restored(node.node_id, snapshot.meta.index, self.now)
         self.trace.add(f"{self.now} r {node.node_id} {snapshot.meta.index}")
 
-    def on_applied(self, node: SimNode, entry: Entry, effective: bool) -> None:
+    def on_applied(
+        self, node: SimNode, entry: Entry, before: SmState, effective: bool, result: bytes
+    ) -> None:
         core = node.core
         assert core is not None
         self.counters["applied"] += 1
-        self.checker.on_applied(node.node_id, entry, core.commit, node.state)
+        self.checker.on_applied(
+            node.node_id,
+            entry,
+            core.commit,
+            node.state,
+            before=before,
+            effective=effective,
+            result=result,
+        )
         if node.node_id == self._capturing:
-            self._captured.append(entry)
-        self.workload.on_applied(node.node_id, entry, self.now)
+            self._captured.append((entry, result))
+        self.workload.on_applied(node.node_id, entry, self.now, result)
 
     def on_stepped(self, node: SimNode, inp: Input | None, ready: Ready) -> None:
         core = node.core

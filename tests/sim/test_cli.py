@@ -13,7 +13,10 @@ from skulk.sim import MUTANTS
 def sim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "skulk.sim", *args],
-        capture_output=True, text=True, timeout=300, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
     )
 
 
@@ -32,8 +35,17 @@ def test_run_ok_prints_hashes_and_summary() -> None:
 
 
 def test_a_violation_writes_a_repro_that_replays_exactly(tmp_path: Path) -> None:
-    out = sim("run", "--seeds", "0:1", "--steps", "300", "--mutant", "apply-before-commit",
-              "--repro-dir", str(tmp_path))
+    out = sim(
+        "run",
+        "--seeds",
+        "0:1",
+        "--steps",
+        "300",
+        "--mutant",
+        "apply-before-commit",
+        "--repro-dir",
+        str(tmp_path),
+    )
     assert out.returncode == 1
     assert "VIOLATION apply_beyond_commit" in out.stdout
     (repro,) = tmp_path.glob("*.json")

@@ -21,16 +21,40 @@ TARGETED = [s for s in (load_scenario(p) for p in scenario_paths()) if s.mutant]
 """Negative-control scenarios: a plan that a mutant must fail (``mutant = NAME``)."""
 
 
+CLUSTER_MUTANTS = {
+    "place-on-down-node": "placed_on_unavailable_node",
+    "keep-runners-on-delete": "runner_records",
+    "overwrite-instance": "placement_discipline",
+    "write-on-reject": "rejected_changed_state",
+    "impure-cluster-apply": "state_machine_safety",
+    "forget-retry-result": "ack_result",
+}
+"""Mutants of the cluster State's ``apply`` (and of the sessions around it) -> the invariant
+that must catch each."""
+
+
 def first_catching_seed(mutant: Mutant) -> int | None:
+    return first_violation(mutant)[0]
+
+
+def first_violation(mutant: Mutant) -> tuple[int | None, str]:
     for seed in range(SEED_BOUND):
-        if run_seed(seed, CONFIG, mutant=mutant).violation is not None:
-            return seed
-    return None
+        violation = run_seed(seed, CONFIG, mutant=mutant).violation
+        if violation is not None:
+            return seed, violation.name
+    return None, ""
 
 
 def test_every_mutant_has_a_negative_control_and_the_real_thing_passes_those_plans() -> None:
-    assert {"commit-old-term", "no-persist-vote", "skip-fsync", "apply-before-commit",
-            "ignore-vote-term", "no-prevote"} == set(MUTANTS)
+    assert {
+        "commit-old-term",
+        "no-persist-vote",
+        "skip-fsync",
+        "apply-before-commit",
+        "ignore-vote-term",
+        "no-prevote",
+        *CLUSTER_MUTANTS,
+    } == set(MUTANTS)
     for scenario in TARGETED:
         assert scenario.outcome != "safe", scenario.name
         assert scenario.path is not None
@@ -43,6 +67,13 @@ def test_every_mutant_has_a_negative_control_and_the_real_thing_passes_those_pla
 def test_mutant_is_caught_by_random_seeds(name: str) -> None:
     seed = first_catching_seed(MUTANTS[name])
     assert seed is not None, f"{name} survived seeds 0:{SEED_BOUND}"
+
+
+@pytest.mark.parametrize(("name", "invariant"), sorted(CLUSTER_MUTANTS.items()))
+def test_cluster_mutant_is_caught_by_its_invariant(name: str, invariant: str) -> None:
+    seed, caught_by = first_violation(MUTANTS[name])
+    assert seed is not None, f"{name} survived seeds 0:{SEED_BOUND}"
+    assert caught_by == invariant, f"{name}: seed {seed} broke {caught_by}, not {invariant}"
 
 
 @pytest.mark.parametrize("scenario", TARGETED, ids=[s.name for s in TARGETED])

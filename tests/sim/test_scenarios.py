@@ -48,7 +48,7 @@ def write(tmp_path: Path, name: str, body: str) -> Path:
         ("colour = 1\n", "unknown key"),
         ('mutant = "gremlin"\n', "unknown mutant"),
         ("[config]\nnodes = 99\n", "nodes must be"),
-        ("[config]\nsteps = \"many\"\n", "expected int"),
+        ('[config]\nsteps = "many"\n', "expected int"),
         ("[config]\nwarp = 9\n", "unknown configuration key"),
         ('[[actions]]\nat = 5\nop = "crash"\nnode = "n7"\n', "unknown node"),
         ('[[actions]]\nat = 5\nop = "teleport"\n', "unknown op"),
@@ -72,7 +72,7 @@ def test_name_must_match_file(tmp_path: Path) -> None:
 
 def test_a_failing_expectation_is_reported(tmp_path: Path) -> None:
     body = (
-        "[config]\nsteps = 200\n[expect]\noutcome = \"election_safety\"\n"
+        '[config]\nsteps = 200\n[expect]\noutcome = "election_safety"\n'
         '[[expect.checks]]\ncheck = "leader"\nat = 150\nvalue = "n9"\n'
     )
     result = run_scenario(load_scenario(write(tmp_path, "wrong", body)))

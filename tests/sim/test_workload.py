@@ -96,7 +96,7 @@ def test_node_down_and_snapshot_past_the_index_fail_pending_attempts() -> None:
 def test_entries_applied_while_submitting_are_checked() -> None:
     w, _ = workload()
     w.enqueue("sc", 1)
-    applied = (entry(3, 1, "sc", 1),)
+    applied = ((entry(3, 1, "sc", 1), b"told"),)
     fake = FakeCluster([Answer(position=LogPosition(3, 1), applied=applied)])
     w.tick(0, fake.submit)
-    assert w.acked_by("sc") == 1
+    assert w.acked_by("sc") == 1 and w.acks[0].result == b"told"
