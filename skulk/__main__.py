@@ -1,4 +1,6 @@
-"""Command line: ``python -m skulk serve`` and ``python -m skulk demo-model --out DIR``."""
+"""Command line: ``python -m skulk serve``, ``python -m skulk demo-model --out DIR``, and the
+client commands over a node's API: ``place MODEL``, ``ps``, ``nodes``, ``rm INSTANCE``
+(docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,28 @@ import os
 import sys
 from pathlib import Path
 
-from skulk.config import add_serve_arguments, serve_config
+from skulk.cli import CLIENT_COMMANDS, add_client_commands, run_client_command
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m skulk", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="run a node and its HTTP API")
-    add_serve_arguments(serve_p)
+    # skulk.config imports Trio and the runner: only pay for it when it can be needed, so
+    # that the client commands (`ps`, ...) start quickly.
+    if _first_word(argv) not in CLIENT_COMMANDS:
+        from skulk.config import add_serve_arguments
+
+        add_serve_arguments(serve_p)
     demo_p = sub.add_parser("demo-model", help="write the built-in demo model to a directory")
     demo_p.add_argument("--out", type=Path, required=True, help="directory to create")
     demo_p.add_argument("--seed", type=int, default=None, help="generation seed")
+    add_client_commands(sub)
     args = parser.parse_args(argv)
+
+    if args.command in CLIENT_COMMANDS:
+        return run_client_command(args)
 
     if args.command == "demo-model":
         from skulk.models import DEFAULT_DEMO_SEED, write_demo_model
@@ -28,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         path = write_demo_model(args.out, seed=seed)
         print(f"wrote skulk-demo (seed {seed}) to {path}")
         return 0
+
+    from skulk.config import serve_config
 
     try:
         config = serve_config(args, os.environ)
@@ -59,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"skulk: cannot start: {problem}", file=sys.stderr)
     return 2 if problems else 0
+
+
+def _first_word(argv: list[str]) -> str | None:
+    """The subcommand's name in ``argv`` (the top-level parser takes no option with a value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

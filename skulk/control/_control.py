@@ -412,7 +412,10 @@ class ClusterControl:
     async def _ensure(self, model: str) -> None:
         """Make sure ``model`` has an instance: register its card, then place it if absent.
         Waits until this node is in the State (its log caught up), so a model that already has
-        an instance costs nothing (no card is made: the demo model is not generated)."""
+        an instance costs nothing (no card is made: the demo model is not generated). A
+        placement that does not fit yet (memory, no node) is tried again, every 1 s at first,
+        doubling up to every 30 s, and said once as a warning."""
+        delay, said = 1.0, False
         while True:
             try:
                 if self.state.node(self.node_id) is None:
@@ -435,8 +438,13 @@ class ClusterControl:
                 if not reply.existed:
                     log.info("model %s placed as instance %s", registered, reply.instance)
                 return
-            log.info("model %s not placed yet: %s", registered, reply)
-            await trio.sleep(1.0)
+            if not said and not (
+                isinstance(reply, ControlRefused) and reply.code == "placement_info_pending"
+            ):
+                log.warning("model %s cannot be placed yet (trying again): %s", registered, reply)
+                said = True
+            await trio.sleep(delay)
+            delay = min(30.0, delay * 2)
 
 
 def model_id(name_or_path: str) -> str:

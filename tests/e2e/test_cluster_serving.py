@@ -8,7 +8,10 @@ cluster with no model (``--model none``), B and C join; the demo model is placed
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +146,18 @@ def test_a_model_placed_on_b_is_served_through_every_node(cluster: Cluster) -> N
         assert response.headers["x-skulk-node"] == b.node_id
         chunks = list(response.parse())
     assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    # The client CLI over any node's API shows the same instance, where it runs.
+    ps = subprocess.run(
+        [sys.executable, "-m", "skulk", "ps", "--api", c.url, "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    shown = json.loads(ps.stdout)["instances"]
+    assert [i["shards"][0]["node"] for i in shown] == [b.node_id]
+    table = subprocess.run(
+        [sys.executable, "-m", "skulk", "ps", "--api", a.url],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert shown[0]["id"] in table and b.node_id in table
 
 
 def runner_pid(node: NodeProcess) -> int:

@@ -1,0 +1,198 @@
+"""The client commands: a request (two for ``rm``: it resolves a prefix) and a table or JSON.
+
+Exit status: 0 done; 1 the server refused (its envelope's ``code`` and ``message`` on stderr
+as ``skulk: CODE: MESSAGE``), its answer was not understood, or an ``rm`` prefix matched several
+instances; 2 no answer from the API (and, from argparse, a bad command line); 130 interrupted
+(Ctrl-C). A placement interrupted while waiting may still be committed: ``ps`` tells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+
+import attrs
+import httpx
+
+from skulk.cli._args import flatten
+from skulk.cli._http import (
+    DEFAULT_API,
+    ApiClient,
+    BadResponse,
+    ClientError,
+    quote_segment,
+)
+from skulk.cli._tables import (
+    JsonObject,
+    instances_table,
+    nodes_table,
+    plan_table,
+    runner_failures,
+    shards_of,
+    shards_table,
+    text,
+)
+
+#: How many candidates an ambiguous ``rm`` prefix lists before "...".
+MAX_CANDIDATES_SHOWN = 8
+
+
+@attrs.define(eq=False)
+class AmbiguousInstance(ClientError):
+    """``prefix`` is the start of several instance ids (``candidates``, sorted)."""
+
+    prefix: str
+    candidates: tuple[str, ...]
+
+    def describe(self) -> str:
+        shown = ", ".join(self.candidates[:MAX_CANDIDATES_SHOWN])
+        more = ", ..." if len(self.candidates) > MAX_CANDIDATES_SHOWN else ""
+        return (
+            f"ambiguous_instance: {self.prefix!r} is the start of "
+            f"{len(self.candidates)} instance ids: {shown}{more}"
+        )
+
+
+def run_client_command(
+    args: argparse.Namespace,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run the client command ``args.command`` (parsed by :func:`add_client_commands`); return
+    the exit status. Output goes to ``sys.stdout``, errors to ``sys.stderr`` as one line each.
+    ``transport`` replaces the network and ``env`` the environment (tests)."""
+    environ = os.environ if env is None else env
+    api = args.api or environ.get("SKULK_API") or DEFAULT_API
+    with ApiClient(api, timeout=args.timeout, transport=transport) as client:
+        try:
+            return _COMMANDS[args.command](client, args)
+        except ClientError as exc:
+            print(f"skulk: {exc.describe()}", file=sys.stderr)
+            return exc.exit_status
+        except KeyboardInterrupt:  # Ctrl-C while waiting: the shell's convention, no traceback
+            print("skulk: interrupted", file=sys.stderr)
+            return 130
+
+
+def place_body(args: argparse.Namespace) -> dict[str, object]:
+    """The ``POST /v1/placements`` body for ``place``'s arguments (only the options given)."""
+    body: dict[str, object] = {"model": args.model}
+    if args.sharding is not None:
+        body["sharding"] = args.sharding
+    if nodes := flatten(args.nodes):
+        body["nodes"] = nodes
+    if excluded := flatten(args.exclude):
+        body["excluded_nodes"] = excluded
+    if args.min_nodes is not None:
+        body["min_nodes"] = args.min_nodes
+    if args.max_nodes is not None:
+        body["max_nodes"] = args.max_nodes
+    if args.dry_run:
+        body["dry_run"] = True
+    return body
+
+
+def resolve_instance(given: str, ids: list[str]) -> str:
+    """The instance id ``given`` names among ``ids``: itself if it is one, else the one id it
+    is a prefix of. With no match it stays as given (the server answers ``unknown_instance``);
+    :class:`AmbiguousInstance` when several ids start with it."""
+    if given in ids:
+        return given
+    matches = sorted({i for i in ids if i.startswith(given)})
+    if len(matches) > 1:
+        raise AmbiguousInstance(given, tuple(matches))
+    return matches[0] if matches else given
+
+
+def _place(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.post("/v1/placements", place_body(args))
+    if args.json:
+        _print_json(answer)
+        return 0
+    if args.dry_run:
+        plan = _object(answer, "plan", client.api + "/v1/placements")
+        count = len({text(s.get("node")) for s in shards_of(plan)})
+        print(
+            f"dry run: {text(plan.get('model'))} ({text(plan.get('sharding'))}) would go on "
+            f"{count} node{'' if count == 1 else 's'}; nothing was placed"
+        )
+        print(plan_table(plan))
+        return 0
+    instance = _object(answer, "instance", client.api + "/v1/placements")
+    if "model" in instance:
+        print(
+            f"placed {text(instance.get('id'))}: {text(instance.get('model'))} "
+            f"({text(instance.get('sharding'))})"
+        )
+        print(shards_table(instance))
+    else:  # committed, but not yet applied on the node that answered
+        print(f"placed {text(instance.get('id'))}")
+    return 0
+
+
+def _ps(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.get("/v1/instances")
+    if args.json:
+        _print_json(answer)
+        return 0
+    instances = _objects(answer, "instances", client.api + "/v1/instances")
+    if args.quiet:
+        for instance in instances:
+            print(text(instance.get("id")))
+        return 0
+    print(instances_table(instances))
+    if failures := runner_failures(instances):
+        print()
+        print("\n".join(failures))
+    return 0
+
+
+def _nodes(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.get("/v1/cluster/nodes")
+    if args.json:
+        _print_json(answer)
+        return 0
+    print(nodes_table(_objects(answer, "nodes", client.api + "/v1/cluster/nodes")))
+    return 0
+
+
+def _rm(client: ApiClient, args: argparse.Namespace) -> int:
+    listed = _objects(client.get("/v1/instances"), "instances", client.api + "/v1/instances")
+    ids = [i for i in (instance.get("id") for instance in listed) if isinstance(i, str)]
+    instance_id = resolve_instance(args.instance, ids)
+    answer = client.delete(f"/v1/instances/{quote_segment(instance_id)}")
+    if args.json:
+        _print_json(answer)
+    else:
+        print(f"deleted {text(answer.get('deleted', instance_id))}")
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[ApiClient, argparse.Namespace], int]] = {
+    "place": _place,
+    "ps": _ps,
+    "nodes": _nodes,
+    "rm": _rm,
+}
+
+
+def _print_json(answer: JsonObject) -> None:
+    print(json.dumps(answer, indent=2, ensure_ascii=False))
+
+
+def _object(answer: JsonObject, key: str, url: str) -> JsonObject:
+    value = answer.get(key)
+    if not isinstance(value, Mapping):
+        raise BadResponse(url, f"no {key!r} object in the answer")
+    return value
+
+
+def _objects(answer: JsonObject, key: str, url: str) -> list[JsonObject]:
+    value = answer.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise BadResponse(url, f"no {key!r} list of objects in the answer")
+    return value
