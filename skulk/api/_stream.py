@@ -44,7 +44,7 @@ _REQUEST_REASONS = {"invalid_request"}
 #: Runner deadlines that ended a request: 504, as for any deadline.
 _DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
 #: The node serving the request was lost (link down, node dead): 502, a bad upstream.
-_LOST_REASONS = {"node_unreachable"}
+_LOST_REASONS = {"node_unreachable", "route_refused"}
 
 Items = AsyncGenerator[str | Generation, None]
 """One request's generation: text deltas, then one :class:`Generation`."""

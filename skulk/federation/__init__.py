@@ -38,6 +38,9 @@ The mesh: a listener and dialers keeping one authenticated link per node pair::
     mesh.links_json()  # the body of GET /v1/cluster/links
 
 See :mod:`skulk.federation._mesh` for the listener, dialers, reconnects and the tie-break.
+``Mesh(..., stream_handler=handler)`` runs ``await handler(peer_id, receiver)`` for every data
+stream a peer opens (for as long as its link lives); inside the ``rpc_handler``,
+:func:`rpc_peer` is the calling peer's node id.
 Optional TLS (``wss://``): ``server_ssl, client_ssl = tls_contexts(cert, key, ca)``, passed to
 ``Mesh(..., server_ssl=..., client_ssl=...)``; see :mod:`skulk.federation._tls`.
 
@@ -80,7 +83,7 @@ from ._machine import (
     Waiting,
     valid_node_id,
 )
-from ._mesh import DEFAULT_RECONNECT, Mesh, StreamHandler
+from ._mesh import DEFAULT_RECONNECT, Mesh, StreamHandler, rpc_peer
 from ._meshview import (
     DEFAULT_LISTEN,
     LinkDown,
@@ -207,6 +210,7 @@ __all__ = [
     "parse_join_url",
     "parse_listen_address",
     "refusal_from_close",
+    "rpc_peer",
     "run_link",
     "sample_readings",
     "telemetry_version",

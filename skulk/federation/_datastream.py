@@ -185,10 +185,12 @@ class DataReceiver:
         self._forget(self._state.stream_id)
 
     async def aclose(self) -> None:
-        """Stop receiving: tell the sender (unless the stream already ended) and drop the rest."""
+        """Stop receiving: tell the sender (unless the stream already ended) and drop the rest.
+        A :meth:`receive` waiting meanwhile (in another task) raises ``EndOfChannel``."""
         if not self._done:
             self._done = True
             self._state.buffer.clear()
+            self._state.lot.unpark_all()  # a receive() waiting in another task ends too
             self._forget(self._state.stream_id)
             if not self._state.ended:
                 try:

@@ -41,6 +41,7 @@ Cancelling :meth:`Mesh.run` closes every link (1000, bounded by ``close_timeout`
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import random
@@ -59,7 +60,7 @@ from ._handshake import ClientHandshake, ServerHandshake
 from ._link import Link, RpcHandler
 from ._linkbase import HandshakeFailed, LinkConfig
 from ._linkopen import run_link
-from ._machine import valid_node_id
+from ._machine import Established, valid_node_id
 from ._meshtable import LinkTable, Target, is_open
 from ._meshview import (
     DEFAULT_LISTEN,
@@ -83,6 +84,20 @@ log = logging.getLogger("skulk.federation.mesh")
 StreamHandler = Callable[[str, DataReceiver], Awaitable[None]]
 """``(peer id, receiver)``: serves one incoming data stream (see :class:`Mesh`)."""
 
+_RPC_PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "skulk_rpc_peer", default=None
+)
+
+
+def rpc_peer() -> str | None:
+    """The authenticated node id of the peer whose rpc call the current task is answering,
+    inside a :class:`Mesh`'s ``rpc_handler`` (and whatever it calls in the same task);
+    ``None`` anywhere else. The rpc handler signature stays ``(method, body)``: a handler that
+    must know its caller (to answer on a data stream, say) asks this instead of trusting a
+    node id written in the request."""
+    return _RPC_PEER.get()
+
+
 DEFAULT_RECONNECT = RestartPolicy(
     initial_backoff=0.2, max_backoff=10.0, multiplier=2.0, jitter=0.5, reset_after=10.0
 )
@@ -94,9 +109,12 @@ class Mesh:
     """Listens for peers, dials peers, keeps one authenticated link per node pair.
 
     ``rng`` draws the reconnect jitter (seed it for reproducible delays); ``backoff`` shapes
-    the delays (:data:`DEFAULT_RECONNECT`). ``rpc_handler`` answers rpc calls on every link;
-    ``stream_handler(peer_id, receiver)`` runs for every data stream a peer opens, as long as
-    its link lives (an exception in it is logged and closes only that stream).
+    the delays (:data:`DEFAULT_RECONNECT`). ``rpc_handler`` answers rpc calls on every link
+    (inside it, :func:`rpc_peer` says which peer called). ``stream_handler(peer_id, receiver)``
+    runs in a task of its own for every data stream a peer opens, in a nursery scoped to that
+    link: the task is cancelled when the link closes. An exception in it is logged and ends
+    only that stream, never the link or the mesh. However it ends, its receiver is closed for
+    it (which stops the stream on the sending side unless it had ended).
     ``event_buffer`` bounds :attr:`events`: when it is full, events are dropped (counted in
     :meth:`statistics`) and :meth:`links` stays the truth. ``max_peers`` bounds the rows kept:
     beyond it, the oldest peers that are down and that no dial target names are forgotten.
@@ -269,6 +287,23 @@ class Mesh:
         finally:
             self._table.release(link)
 
+    def _rpc_for(self, handshake: ClientHandshake | ServerHandshake) -> RpcHandler | None:
+        """The rpc handler for the link ``handshake`` opens: ours, run with :func:`rpc_peer`
+        set to the peer the handshake authenticated (calls arrive only once it has)."""
+        handler = self._rpc_handler
+        if handler is None:
+            return None
+
+        async def answer(method: str, body: bytes) -> bytes:
+            state = handshake.state
+            token = _RPC_PEER.set(state.peer_id if isinstance(state, Established) else None)
+            try:
+                return await handler(method, body)
+            finally:
+                _RPC_PEER.reset(token)
+
+        return answer
+
     async def _serve_streams(self, link: Link, nursery: trio.Nursery) -> None:
         """Run the stream handler for each stream the peer opens (ends with the link)."""
         async for receiver in link.incoming_streams:
@@ -314,7 +349,7 @@ class Mesh:
                         is_connected=functools.partial(self._table.duplicate, False),
                     )
                     start = functools.partial(
-                        run_link, config=config, rpc_handler=self._rpc_handler
+                        run_link, config=config, rpc_handler=self._rpc_for(handshake)
                     )
                     link = await nursery.start(
                         start, WebSocketTransport(ws, remote=remote), handshake
@@ -373,7 +408,9 @@ class Mesh:
                     is_connected=functools.partial(self._table.duplicate, True),
                 )
                 transport = WebSocketTransport(ws, remote=target.url)
-                start = functools.partial(run_link, config=config, rpc_handler=self._rpc_handler)
+                start = functools.partial(
+                    run_link, config=config, rpc_handler=self._rpc_for(handshake)
+                )
                 async with trio.open_nursery() as nursery:
                     try:
                         link: Link = await nursery.start(start, transport, handshake)

@@ -1,8 +1,9 @@
 """The serving node's admission bound: at most ``max_in_flight`` requests per instance.
 
-Local and routed requests alike go through :meth:`Admission.admit`; beyond the bound a request
-is refused at once with :class:`Overloaded` (the API answers 429 with ``Retry-After``) rather
-than queued without limit in front of a runner.
+Local and routed requests alike go through :meth:`Admission.admit` on the node that runs the
+instance's rank 0; beyond the bound a request is refused at once with :class:`Overloaded`
+(the API answers 429 with ``Retry-After``) rather than queued without limit in front of a
+runner. Sans-IO: no clock, no Trio; the holder of a place decides how long it holds it.
 """
 
 from __future__ import annotations
@@ -13,31 +14,33 @@ from contextlib import contextmanager
 
 import attrs
 
-#: What a refused client is told to wait before it tries again (seconds).
-RETRY_AFTER = 1.0
-
-
-class Overloaded(Exception):
-    """The instance has ``max_in_flight`` requests already; try again in ``retry_after`` s."""
-
-    def __init__(self, instance: str, in_flight: int, retry_after: float = RETRY_AFTER) -> None:
-        super().__init__(f"instance {instance} has {in_flight} requests in flight (its limit)")
-        self.instance = instance
-        self.retry_after = retry_after
+from ._errors import RETRY_AFTER, Overloaded
 
 
 @attrs.frozen
 class AdmissionStatistics:
+    """``in_flight``: the instances with requests in flight, and how many each; ``admitted``
+    and ``refused``: counts since the start."""
+
     in_flight: dict[str, int]
     admitted: int
     refused: int
+    max_in_flight: int
 
 
 class Admission:
-    def __init__(self, max_in_flight: int = 64) -> None:
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, not {max_in_flight}")
+    """Bounds the requests in flight per instance on this node.
+
+    ``retry_after`` (seconds) is what a refused request is told to wait.
+    """
+
+    def __init__(self, max_in_flight: int = 64, retry_after: float = RETRY_AFTER) -> None:
+        if isinstance(max_in_flight, bool) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, not {max_in_flight!r}")
+        if not retry_after >= 0:
+            raise ValueError(f"retry_after must be >= 0, not {retry_after!r}")
         self.max_in_flight = max_in_flight
+        self.retry_after = retry_after
         self._in_flight: collections.Counter[str] = collections.Counter()
         self._admitted = self._refused = 0
 
@@ -47,11 +50,15 @@ class Admission:
     @contextmanager
     def admit(self, instance: str) -> Iterator[None]:
         """Hold one of ``instance``'s places for the ``with`` body, or raise
-        :class:`Overloaded` at once when none is free."""
-        if self._in_flight[instance] >= self.max_in_flight:
+        :class:`Overloaded` at once (before the body) when none is free. The place is given
+        back however the body ends."""
+        held = self._in_flight[instance]
+        if held >= self.max_in_flight:
             self._refused += 1
-            raise Overloaded(instance, self._in_flight[instance])
-        self._in_flight[instance] += 1
+            raise Overloaded(
+                instance, self.retry_after, f"has {held} requests in flight (its limit)"
+            )
+        self._in_flight[instance] = held + 1
         self._admitted += 1
         try:
             yield
@@ -61,4 +68,6 @@ class Admission:
                 del self._in_flight[instance]
 
     def statistics(self) -> AdmissionStatistics:
-        return AdmissionStatistics(dict(self._in_flight), self._admitted, self._refused)
+        return AdmissionStatistics(
+            dict(self._in_flight), self._admitted, self._refused, self.max_in_flight
+        )

@@ -1,9 +1,19 @@
 """Any-node routing on the data plane: a request admitted over rpc, its answer on a data stream.
 
-The API node calls rpc ``route.generate`` on the node running the instance's rank 0 with a
-:class:`RouteRequest`; once admitted, that node opens a data stream back to the caller and sends
-:data:`RouteItem` chunks: first a :class:`RouteHeader` naming the request, then
-:class:`RouteDelta` texts, then exactly one :class:`RouteEnd` or :class:`RouteFailed`.
+The API node calls rpc ``route.generate`` on the node running the instance's rank 0; the rpc
+body is one :class:`RouteRequest` (encoded on its own, tagged ``"t": "RouteRequest"``). The
+calling node is the link's authenticated peer, so the request does not name it. Once admitted
+(the rpc answers), the serving node opens a data stream back to the caller and sends
+:data:`RouteItem` chunks, one item per chunk:
+
+1. one :class:`RouteHeader` naming the request (a stream whose first chunk is anything else
+   is stopped at once);
+2. :class:`RouteDelta` texts, with a :class:`RouteKeepalive` whenever nothing else was sent
+   for the keepalive interval (so the caller can bound its wait for the next chunk);
+3. exactly one of :class:`RouteEnd`, :class:`RouteFailed` or :class:`RouteNotReady`, sent as
+   the stream's end chunk.
+
+The caller stops the stream (data-stream stop) to cancel the generation.
 """
 
 from __future__ import annotations
@@ -15,10 +25,10 @@ from . import runner as _runner  # not its names: the wire spec test reads this 
 
 @attrs.frozen
 class RouteRequest:
-    """Serve ``prompt`` on ``instance`` and stream the answer back to node ``caller``."""
+    """Serve ``prompt`` on ``instance`` (whose rank 0 runs on the called node) and stream the
+    answer back to the calling node under ``request_id`` (unique per calling node)."""
 
     request_id: str
-    caller: str
     instance: str
     prompt: _runner.Prompt
     params: _runner.SamplingParams
@@ -33,23 +43,39 @@ class RouteHeader:
 
 @attrs.frozen
 class RouteDelta:
+    """Generated text, in order (one or more of the runner's deltas, merged)."""
+
     text: str
 
 
 @attrs.frozen
+class RouteKeepalive:
+    """Nothing to say yet (a long prefill): the serving node is still working on it."""
+
+
+@attrs.frozen
 class RouteEnd:
+    """The generation finished: the end of the stream."""
+
     finish_reason: _runner.FinishReason
     usage: _runner.Usage
 
 
 @attrs.frozen
 class RouteFailed:
-    """The request failed on the serving node (``reason`` as a runner's, e.g.
-    ``prompt_too_long``, ``runner_crashed``; ``not_ready`` when the instance stopped being
-    ready before the request started)."""
+    """The request failed on the serving node after it was admitted (``reason`` as a runner's:
+    ``prompt_too_long``, ``runner_crashed``, ``runner_stopped``, …): the end of the stream."""
 
     reason: str
     message: str
 
 
-RouteItem = RouteHeader | RouteDelta | RouteEnd | RouteFailed
+@attrs.frozen
+class RouteNotReady:
+    """The instance stopped being ready between admission and the start of the generation:
+    the end of the stream (nothing was generated)."""
+
+    message: str
+
+
+RouteItem = RouteHeader | RouteDelta | RouteKeepalive | RouteEnd | RouteFailed | RouteNotReady

@@ -247,3 +247,27 @@ async def test_control_is_not_starved_by_saturated_data() -> None:
                 assert arrivals[-1] - before <= 6, (before, arrivals[-1])
             nursery.cancel_scope.cancel()
     assert worst < 0.5, f"slowest rpc round trip under data saturation: {worst:.3f} s"
+
+
+async def test_closing_a_receiver_ends_a_receive_waiting_in_another_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair() as (a, b):
+        stream = a.open_stream()
+        await stream.send(b"first")
+        receiver = await b.incoming_streams.receive()
+        assert await receiver.receive() == b"first"
+        ended = trio.Event()
+
+        async def wait_for_more() -> None:
+            with pytest.raises(trio.EndOfChannel):
+                await receiver.receive()  # nothing more is sent: it waits
+            ended.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_for_more)
+            await trio.testing.wait_all_tasks_blocked()
+            await receiver.aclose()
+            with trio.fail_after(1):
+                await ended.wait()
+        await wait_for(lambda: stream._state.stopped)  # the sender was told

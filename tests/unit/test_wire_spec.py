@@ -4,6 +4,8 @@ The expected shape is derived from the code, generically: every public module of
 :mod:`skulk.wire` is scanned for unions of attrs classes (``ToRunner``, ``FromRunner``,
 ``Prompt``); the classes reachable from them through field types are the spec's map rules. A new
 frame class added to a union (or a new union) is therefore covered without touching this test.
+A frame encoded on its own, outside any union (an rpc body such as ``RouteRequest``), is listed
+in :data:`STANDALONE_FRAMES`: it is a root of the spec with a tagged map rule of its own.
 
 The spec is read with a small parser for the CDDL subset the spec uses (rules, type choices
 ``/``, maps and arrays with ``key: type`` / ``? key: type`` / ``* type`` entries, text and number
@@ -34,12 +36,16 @@ import cddl_verifier
 import pytest
 
 import skulk.wire
+import skulk.wire.routing
 from skulk.runner.protocol import MAX_FRAME_SIZE
 from skulk.wire import Codec, WireError
 from skulk.wire.runner import PROTOCOL_VERSION
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "specs" / "wire.cddl"
 TAG_KEY = "t"
+
+#: Frames encoded on their own (``Codec(TheClass)``: tagged), not as members of a union.
+STANDALONE_FRAMES: dict[str, type] = {"RouteRequest": skulk.wire.routing.RouteRequest}
 
 # Names from the RFC 8610 prelude the spec may use without defining them.
 PRELUDE = frozenset(
@@ -220,7 +226,7 @@ def _class_union_members(t: Any) -> tuple[type, ...] | None:
 @dataclass
 class CodeModel:
     unions: dict[str, tuple[type, ...]]  # every named tagged union, by its Python name
-    roots: list[str]  # the unions not used as a field type: the frame unions
+    roots: list[str]  # the unions not used as a field type (the frame unions), and standalones
     tagged: dict[type, set[bool]] = field(default_factory=dict)  # class -> how it is reached
     field_types: dict[type, dict[str, frozenset[str]]] = field(default_factory=dict)
     optional: dict[type, dict[str, bool]] = field(default_factory=dict)
@@ -298,7 +304,10 @@ def code_model() -> CodeModel:
     for members in unions.values():
         for cls in members:
             visit(cls, tagged=True)
-    model.roots = [name for name in unions if name not in nested]
+    for cls in STANDALONE_FRAMES.values():
+        assert not any(cls in members for members in unions.values()), f"{cls} is in a union"
+        visit(cls, tagged=True)
+    model.roots = [name for name in unions if name not in nested] + list(STANDALONE_FRAMES)
     return model
 
 
@@ -489,8 +498,9 @@ _MUTANTS: list[tuple[str, str, str]] = [
     ("tag missing", '"t": "TextPrompt",\n', ""),
     ("untagged class tagged", "Usage = {\n", 'Usage = {\n  "t": "Usage",\n'),
     ("union member missing", "/ RunnerFailed / Heartbeat", "/ RunnerFailed"),
-    ("nested union inlined", "prompt: Prompt,", "prompt: ChatPrompt,"),
+    ("nested union inlined", "id: tstr,\n  prompt: Prompt,", "id: tstr,\n  prompt: ChatPrompt,"),
     ("stray map rule", "\nUsage = {", "\nStray = { x: int }\nUsage = {"),
+    ("standalone frame not a root", "/ RouteRequest / RouteItem", "/ RouteItem"),
 ]
 
 
@@ -602,6 +612,7 @@ def _mutations(value: Any) -> Iterator[Any]:
         "ClusterResult",
         "ControlCall",
         "ControlReply",
+        "RouteRequest",
         "RouteItem",
     ],
 )
@@ -611,7 +622,8 @@ def test_codec_and_spec_accept_the_same_frames(spec_text: str, root: str) -> Non
     Python, in the ``test`` extra). ``pycddl`` was tried and
     is unusable here: it accepts ``{"x": {...}}`` for ``{ x: tstr }`` and arrays for choices of
     maps, and panics on some inputs."""
-    union = code_model().unions[root]
+    model = code_model()
+    union = model.unions.get(root) or (STANDALONE_FRAMES[root],)
     codec: Codec[Any] = Codec(typing.Union[union])  # noqa: UP007
     validator = cddl_verifier.Validator(spec_text)
 

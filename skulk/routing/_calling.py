@@ -1,0 +1,213 @@
+"""The calling end of the remote hop: ask a node to serve a request, read its answer stream.
+
+:meth:`RouteCaller.generate` registers the request id, calls ``route.generate`` on the serving
+node and waits for the stream that :meth:`RouteCaller.handle_stream` (the mesh's stream
+handler) hands over once its header names the request; then it reads the items, each wait
+bounded. The receiver belongs to the request from the hand-over on: the handler waits until
+the request closes it, so the mesh (which closes a handler's receiver when the handler
+returns) never closes it under the request's feet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncGenerator
+
+import attrs
+import trio
+
+from skulk.federation import (
+    DataReceiver,
+    Link,
+    LinkBusy,
+    LinkError,
+    Mesh,
+    PeerUnreachable,
+    RpcFailed,
+)
+from skulk.wire import FrameTooLarge, WireError
+from skulk.wire.routing import (
+    RouteDelta,
+    RouteEnd,
+    RouteFailed,
+    RouteHeader,
+    RouteItem,
+    RouteKeepalive,
+    RouteNotReady,
+    RouteRequest,
+)
+from skulk.wire.runner import Prompt, SamplingParams
+from skulk.worker import Generation, RequestFailure
+
+from ._errors import RETRY_AFTER, NodeUnreachable, Overloaded, RemoteUnavailable
+from ._hop import (
+    ADMITTED,
+    ITEM_CODEC,
+    MAX_RETRY_AFTER,
+    REQUEST_CODEC,
+    ROUTE_METHOD,
+    RouteTimeouts,
+    cancel_when_closed,
+)
+
+
+@attrs.frozen
+class _Handoff:
+    receiver: DataReceiver
+    done: trio.Event  # set once the request is done with the receiver (it closed it)
+
+
+@attrs.frozen
+class _Pending:
+    node: str  # the node asked: only a stream from it may answer
+    slot: trio.MemorySendChannel[_Handoff]
+
+
+class RouteCaller:
+    """Routes this node's requests to the nodes serving them (see the module doc)."""
+
+    def __init__(self, mesh: Mesh, timeouts: RouteTimeouts) -> None:
+        self._mesh = mesh
+        self._t = timeouts
+        self._waiting: dict[str, _Pending] = {}
+        self.streams_refused = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def handle_stream(self, peer: str, receiver: DataReceiver) -> None:
+        handoff: _Handoff | None = None
+        with trio.move_on_after(self._t.header):
+            handoff = await self._claim(peer, receiver)
+        if handoff is None:
+            self.streams_refused += 1
+            with trio.CancelScope(shield=True):
+                await receiver.aclose()
+            return
+        await handoff.done.wait()  # the stream is the request's now; it closes it
+
+    async def _claim(self, peer: str, receiver: DataReceiver) -> _Handoff | None:
+        try:
+            header = ITEM_CODEC.decode(await receiver.receive())
+        except (WireError, trio.EndOfChannel, PeerUnreachable):
+            return None
+        if not isinstance(header, RouteHeader):
+            return None
+        pending = self._waiting.get(header.request_id)
+        if pending is None or pending.node != peer:
+            return None  # not asked of this peer, or the request gave up already
+        handoff = _Handoff(receiver, trio.Event())
+        try:
+            pending.slot.send_nowait(handoff)
+        except (trio.WouldBlock, trio.BrokenResourceError):
+            return None  # a second stream for one request
+        return handoff
+
+    async def generate(
+        self, node: str, instance: str, prompt: Prompt, params: SamplingParams
+    ) -> AsyncGenerator[str | Generation, None]:
+        request_id = uuid.uuid4().hex
+        try:
+            body = REQUEST_CODEC.encode(RouteRequest(request_id, instance, prompt, params))
+        except WireError as exc:
+            raise RequestFailure("invalid_request", f"the request cannot be sent: {exc}") from None
+        link = self._mesh.link(node)
+        if link is None:
+            raise NodeUnreachable(node, "no link to it")
+        slot, arrivals = trio.open_memory_channel[_Handoff](1)
+        self._waiting[request_id] = _Pending(node, slot)
+        handoff: _Handoff | None = None
+        try:
+            await self._ask(link, node, instance, body)
+            handoff = await self._answer_stream(link, node, arrivals)
+            while True:
+                match await self._next_item(node, handoff.receiver):
+                    case RouteDelta(text=text):
+                        yield text
+                    case RouteKeepalive():
+                        pass
+                    case RouteEnd(finish_reason=finish_reason, usage=usage):
+                        yield Generation(finish_reason, usage)
+                        return
+                    case RouteFailed(reason=reason, message=message):
+                        raise RequestFailure(reason, message)
+                    case RouteNotReady(message=message):
+                        raise RemoteUnavailable(node, instance, message)
+                    case RouteHeader():
+                        raise NodeUnreachable(node, "a second header on its answer stream")
+        finally:
+            del self._waiting[request_id]
+            slot.close()
+            if handoff is None:  # a stream that arrived after we stopped waiting for it
+                with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+                    handoff = arrivals.receive_nowait()
+            if handoff is not None:
+                with trio.CancelScope(shield=True):
+                    await handoff.receiver.aclose()  # stops the stream unless it ended
+                handoff.done.set()
+
+    async def _ask(self, link: Link, node: str, instance: str, body: bytes) -> None:
+        try:
+            answer = await link.call(ROUTE_METHOD, body, self._t.admit)
+        except RpcFailed as exc:
+            raise _refusal(node, instance, exc) from None
+        except LinkBusy as exc:
+            raise Overloaded(instance, RETRY_AFTER, f"cannot be asked now: {exc}") from None
+        except LinkError as exc:  # PeerUnreachable, RpcTimeout
+            raise NodeUnreachable(node, str(exc)) from None
+        except FrameTooLarge as exc:
+            raise RequestFailure(
+                "prompt_too_long", f"the request is too large to route to node {node}: {exc}"
+            ) from None
+        if answer != ADMITTED:
+            raise NodeUnreachable(node, f"an unexpected answer {answer[:40]!r}")
+
+    async def _answer_stream(
+        self, link: Link, node: str, arrivals: trio.MemoryReceiveChannel[_Handoff]
+    ) -> _Handoff:
+        handoff: _Handoff | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope, trio.CancelScope())
+            with trio.move_on_after(self._t.admit):
+                handoff = await arrivals.receive()
+            nursery.cancel_scope.cancel()
+        if handoff is not None:
+            return handoff
+        if link.closed is not None:
+            raise NodeUnreachable(node, str(PeerUnreachable(link.closed)))
+        raise NodeUnreachable(node, f"its answer stream did not open within {self._t.admit:g} s")
+
+    async def _next_item(self, node: str, receiver: DataReceiver) -> RouteItem:
+        with trio.move_on_after(self._t.idle):
+            try:
+                chunk = await receiver.receive()
+            except trio.EndOfChannel:
+                raise NodeUnreachable(node, "its answer stream ended without an end") from None
+            except PeerUnreachable as exc:
+                raise NodeUnreachable(node, str(exc)) from None
+            try:
+                return ITEM_CODEC.decode(chunk)
+            except WireError as exc:
+                raise NodeUnreachable(node, f"a malformed answer chunk: {exc}") from None
+        raise NodeUnreachable(node, f"nothing on its answer stream for {self._t.idle:g} s")
+
+
+def _refusal(node: str, instance: str, exc: RpcFailed) -> Exception:
+    """The typed error for a refused admission."""
+    if exc.reason == "overloaded":
+        try:
+            retry = float(exc.message)
+        except ValueError:
+            retry = RETRY_AFTER
+        if not 0 <= retry <= MAX_RETRY_AFTER:  # NaN too
+            retry = RETRY_AFTER
+        return Overloaded(instance, retry, f"is at its limit on node {node}")
+    if exc.reason == "busy":  # the link's own bound on rpcs in flight
+        return Overloaded(instance, RETRY_AFTER, f"cannot be asked now: node {node} is busy")
+    if exc.reason in ("not_ready", "instance_not_here", "not_serving", "no_handler"):
+        return RemoteUnavailable(node, instance, exc.message or exc.reason)
+    if exc.reason in ("no_link", "deadline_exceeded"):
+        return NodeUnreachable(node, f"{exc.reason}: {exc.message}")
+    return RequestFailure("route_refused", f"node {node} refused the request: {exc}")
