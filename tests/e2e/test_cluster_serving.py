@@ -182,9 +182,7 @@ def test_killing_the_leader_mid_stream_is_invisible(cluster: Cluster) -> None:
         leader.wait_exit(10)
         rest = list(chunks)
     assert first is not None and rest[-1].choices[0].finish_reason in ("stop", "length")
-    through.wait_for(
-        lambda: cluster.leader() not in (None, leader_id), 30, "a new leader elected"
-    )
+    through.wait_for(lambda: cluster.leader() not in (None, leader_id), 30, "a new leader elected")
     assert runner_pid(b) == pid  # a leader change never restarts a runner
     for node in cluster.live():
         assert ask(node)[1] == b.node_id
@@ -227,6 +225,16 @@ def test_a_stopped_node_is_removed_from_state_and_membership(cluster: Cluster) -
     assert b.node_id not in raft["voters"] + raft["learners"]
     again = c.delete(f"/v1/cluster/nodes/{b.node_id}")
     assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_node"
+    # Started again (its old data and all), it links up and is added back like a new node.
+    name = next(k for k, v in cluster.nodes.items() if v is b)
+    back = cluster.start(name, "--join", c.ws_url, "--model", "none")
+
+    def member_again() -> bool:
+        raft = c.get("/v1/cluster/raft").json()
+        nodes = {n["id"]: n["status"] for n in c.get("/v1/cluster/state").json()["nodes"]}
+        return back.node_id in raft["voters"] + raft["learners"] and nodes.get(back.node_id) == "up"
+
+    c.wait_for(member_again, 60, "the removed node a member again")
 
 
 def test_a_crash_looping_runner_makes_the_leader_move_its_instance(cluster: Cluster) -> None:
@@ -248,9 +256,13 @@ def test_a_crash_looping_runner_makes_the_leader_move_its_instance(cluster: Clus
     def moved() -> bool:
         mine = [i for i in instances(c) if i["id"] == doomed]
         others = [i for i in instances(c) if i["id"] != doomed]
-        return not mine and len(others) == 2 and all(
-            i["shards"][0]["node"] != d.node_id and i["shards"][0]["runner"]["phase"] == "ready"
-            for i in others
+        return (
+            not mine
+            and len(others) == 2
+            and all(
+                i["shards"][0]["node"] != d.node_id and i["shards"][0]["runner"]["phase"] == "ready"
+                for i in others
+            )
         )
 
     c.wait_for(moved, 120, "the crash-looping instance moved off D and ready elsewhere")
