@@ -146,6 +146,7 @@ async def serve(
         lambda peer: mesh.link(peer) is not None,
         remote,
         admission,
+        load=lambda node: e.readings.load_1m if (e := gossip.store.view.get(node)) else 0.0,
     )
     handlers.update(
         {

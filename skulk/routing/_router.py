@@ -2,10 +2,11 @@
 
 The API asks :meth:`Router.route` for a model: the router picks a *ready* instance from the
 cluster State — a local one first (served in-process, no network hop), else the one this node
-has the fewest requests in flight to (ties: instance id) — and :meth:`Router.generate` serves
-the request there: locally through the admission bound and the instance's
-:class:`~skulk.worker.ModelService`, remotely through :class:`RemoteRouting` (rpc admission,
-then a credit-controlled data stream back; never through the leader, never in the log).
+has the fewest requests in flight to (ties: the lower gossiped load, then instance id) — and
+:meth:`Router.generate` serves the request there: locally through the admission bound and
+the instance's :class:`~skulk.worker.ModelService`, remotely through :class:`RemoteRouting`
+(rpc admission, then a credit-controlled data stream back; never through the leader, never in
+the log).
 
 Failures are typed: :class:`ModelNotPlaced` (no instance of the model anywhere; 404 when the
 model is unknown, 503 when it is registered), :class:`NoReadyInstance` (instances exist, none
@@ -72,7 +73,8 @@ class ModelListing:
 
 class Router:
     """See the module doc. ``state()`` is the applied cluster State; ``local(instance)`` the
-    service running an instance's rank 0 here (or None); ``linked(node)``: a live link."""
+    service running an instance's rank 0 here (or None); ``linked(node)``: a live link;
+    ``load(node)``: the node's gossiped load (1-minute load average; 0 when unknown)."""
 
     def __init__(
         self,
@@ -82,6 +84,7 @@ class Router:
         linked: Callable[[str], bool],
         remote: RemoteRouting,
         admission: Admission,
+        load: Callable[[str], float] = lambda node: 0.0,
     ) -> None:
         self.node_id = node_id
         self._state = state
@@ -89,6 +92,7 @@ class Router:
         self._linked = linked
         self._remote = remote
         self._admission = admission
+        self._load = load
         self._in_flight: collections.Counter[str] = collections.Counter()
 
     def instance_state(self, state: State, instance: Instance) -> str:
@@ -148,7 +152,7 @@ class Router:
             raise NoReadyInstance(model, states)
         local = [i for i in ready if i.shards[0].node == self.node_id]
         pool = local or ready
-        best = min(pool, key=lambda i: (self._in_flight[i.id], i.id))
+        best = min(pool, key=lambda i: (self._in_flight[i.id], self._load(i.shards[0].node), i.id))
         node = best.shards[0].node
         return Route(model, best.id, node, node == self.node_id)
 
