@@ -88,13 +88,13 @@ def create_app(
         if (one := only_service()) is not None:
             body.update(_service_health(one.status()))
         body["instances"] = {i: svc.status().state for i, svc in sorted(services.items())}
-        status: str
-        if services:
-            healthy = all(svc.status().ready for svc in services.values())
-            status = "ok" if healthy else (one.status().state if one else "instance_not_ready")
-        else:  # capacity only: healthy once some model can be served through this node
-            healthy = any(m.status == "ready" for m in router.models())
-            status = "ok" if healthy else "no_ready_model"
+        # Healthy while this node can serve something: a local instance is ready, or some
+        # model is ready anywhere (routed there). One instance loading or failed beside a
+        # ready one does not take the node out of a load balancer.
+        healthy = any(svc.status().ready for svc in services.values()) or any(
+            m.status == "ready" for m in router.models()
+        )
+        status = "ok" if healthy else (one.status().state if one else "no_ready_model")
         body["status"] = status
         if consensus is not None:
             raft = consensus.status_json()

@@ -41,6 +41,7 @@ REFUSAL_STATUS = {
     "unavailable": 503,
     "not_leader": 503,
     "bad_value": 400,
+    "unsupported_sharding": 400,
 }
 
 _SHARDINGS = ("single", "pipeline", "tensor")

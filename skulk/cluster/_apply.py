@@ -99,11 +99,7 @@ def _apply(state: State, command: ClusterCommand) -> State:
             return _place(state, command)
         case DeleteInstance(instance):
             _known_instance(state, instance)
-            return attrs.evolve(
-                state,
-                instances=tuple(i for i in state.instances if i.id != instance),
-                runners=tuple(r for r in state.runners if r.instance != instance),
-            )
+            return _delete(state, instance)
         case SetInstanceStatus(instance, instance_status, at):
             placed = _known_instance(state, instance)
             if placed.status == instance_status:
@@ -138,6 +134,9 @@ def _place(state: State, command: PlaceInstance) -> State:
         node = _known_node(state, shard.node)
         _require(node.status == "up", "node_not_up", f"node {node.id!r} is {node.status}")
     _check_layers(command, card.architecture.layers)
+    if command.replaces is not None:  # a move: the old instance goes in the same step
+        _known_instance(state, command.replaces)
+        state = _delete(state, command.replaces)
     instance = Instance(
         command.instance, command.model, command.sharding, shards, "placed", command.at
     )
@@ -146,6 +145,14 @@ def _place(state: State, command: PlaceInstance) -> State:
         state,
         instances=_put(state.instances, instance, _id),
         runners=tuple(sorted((*state.runners, *runners), key=_runner_key)),
+    )
+
+
+def _delete(state: State, instance: str) -> State:
+    return attrs.evolve(
+        state,
+        instances=tuple(i for i in state.instances if i.id != instance),
+        runners=tuple(r for r in state.runners if r.instance != instance),
     )
 
 

@@ -10,11 +10,13 @@ in order; the loop asks again on its next tick, so each duty only has to make pr
    holds with other addresses is upserted (``UpsertNode``: ``up`` as of now).
 2. **Down**: an ``up`` node unreachable for ``node_down_after_ms`` is committed ``down``.
 3. **Re-placement**: an instance with a shard on a node that is not ``up``, or whose runner
-   reported ``failed``, is placed again avoiding those nodes (``PlaceInstance`` of a new id,
-   then ``DeleteInstance`` of the old one); when no node is left it is marked ``failed``
-   instead (``SetInstanceStatus``), never relaunched in an endless loop. A ``failed`` instance
-   is tried again when a plan fits (a node came back or joined), and is ``placed`` again if its
-   runners recover where they are (a crash-looping runner's cool-down try succeeded).
+   reported ``failed``, is placed again avoiding those nodes (one ``PlaceInstance`` of a new id
+   that ``replaces`` the old one: atomic, so a retry or a late commit never leaves two; the
+   instances moved in one round plan against the memory the earlier ones took); when no node
+   is left it is marked ``failed`` instead (``SetInstanceStatus``), never relaunched in an
+   endless loop. A ``failed`` instance is tried again when a plan fits (a node came back or
+   joined), and is ``placed`` again if its runners recover where they are (a crash-looping
+   runner's cool-down try succeeded).
 4. **Removal**: a node ``down`` for ``node_remove_after_ms`` that holds no shard is removed
    from the State (``RemoveNode``); the loop also takes it out of the Raft membership.
 
@@ -30,7 +32,6 @@ import attrs
 
 from ..wire.cluster import (
     ClusterCommand,
-    DeleteInstance,
     NodeStatusChanged,
     RemoveNode,
     SetInstanceStatus,
@@ -90,8 +91,9 @@ def next_commands(
                 commands.append(NodeStatusChanged(node.id, "down", now_ms))
     down = {c.node for c in commands if isinstance(c, NodeStatusChanged)}
     usable = {n.id for n in state.nodes if n.status == "up" and n.id not in down}
+    free = dict(view.free_bytes)  # each re-placement of this round takes its share
     for instance in state.instances:
-        commands.extend(_replace(state, instance, usable, view, now_ms, fresh_ids))
+        commands.extend(_replace(state, instance, usable, view, free, now_ms, fresh_ids))
     holding = {s.node for i in state.instances for s in i.shards}
     for node in state.nodes:
         if (
@@ -115,6 +117,7 @@ def _replace(
     instance: Instance,
     usable: set[str],
     view: LeaderView,
+    free: dict[str, int],
     now_ms: int,
     fresh_ids: Iterator[str],
 ) -> list[ClusterCommand]:
@@ -142,11 +145,14 @@ def _replace(
     result = plan(
         request,
         {card.id: model_needs(card)},
-        node_capacities(up_now, view.free_bytes),
+        node_capacities(up_now, free),
         PlacementPolicy.from_config(state.config),
     )
     if isinstance(result, Plan):
-        return [result.command(next(fresh_ids), now_ms), DeleteInstance(instance.id)]
+        for shard in result.shards:
+            free[shard.node] -= shard.need_bytes
+        move = result.command(next(fresh_ids), now_ms)
+        return [attrs.evolve(move, replaces=instance.id)]
     if instance.status == "placed":
         return [SetInstanceStatus(instance.id, "failed", now_ms)]
     return []

@@ -60,8 +60,7 @@ from skulk.consensus import (
     ProposalRefused,
     SubmitTimeout,
 )
-from skulk.federation import Mesh, PeerState, RpcFailed
-from skulk.federation._linkbase import LinkError
+from skulk.federation import LinkError, Mesh, PeerState, RpcFailed
 from skulk.wire import Codec, WireError
 from skulk.wire.cluster import (
     ClusterCommand,
@@ -136,6 +135,7 @@ class ClusterControl:
         self._client_id = f"{node_id}/{uuid.uuid4().hex[:12]}"
         self._seq = itertools.count(1)
         self._ask_lock = trio.Lock()
+        self._submit_lock = trio.Lock()
         self._avoid: dict[str, frozenset[str]] = {}
         self._last_reachable: dict[str, float] = {}
         self._led_term: int | None = None
@@ -155,14 +155,20 @@ class ClusterControl:
         await self._driver.wait_applied(seen)
 
     async def submit(self, command: ClusterCommand) -> ClusterResult:
-        """Replicate ``command``; its result. Raises :class:`ControlUnavailable`."""
+        """Replicate ``command``; its result. Raises :class:`ControlUnavailable`.
+
+        One submission at a time per node: Raft sessions apply a client's commands at most
+        once and in ``seq`` order (a lower ``seq`` arriving after a higher one is taken for a
+        retry and skipped), so concurrent submitters of this node (duties, runner reports, the
+        API) must not overtake one another under the one client id."""
         try:
-            data = await self._driver.submit(
-                encode_command(command),
-                client_id=self._client_id,
-                seq=next(self._seq),
-                timeout=self._submit_timeout,
-            )
+            async with self._submit_lock:
+                data = await self._driver.submit(
+                    encode_command(command),
+                    client_id=self._client_id,
+                    seq=next(self._seq),
+                    timeout=self._submit_timeout,
+                )
         except (NoQuorum, SubmitTimeout) as exc:
             raise ControlUnavailable("no_quorum", f"the cluster cannot commit now: {exc}") from exc
         except ConsensusError as exc:
@@ -248,6 +254,12 @@ class ClusterControl:
         )
         if not isinstance(result, Plan):
             return _refusal(result)
+        if ask.sharding != "single" and not ask.dry_run:
+            return ControlRefused(
+                "unsupported_sharding",
+                f"{ask.sharding} instances are planned (dry_run shows where) but not served yet:"
+                " no runner runs a shard of a model; place it single",
+            )
         if ask.dry_run:
             shards = tuple(
                 PlannedShard(s.rank, s.node, *s.layers, s.need_bytes, s.available_bytes)
@@ -363,10 +375,14 @@ class ClusterControl:
             if self._led_term != stats.term:  # a new leader gives every node a fresh grace
                 self._led_term = stats.term
                 self._last_reachable.clear()
+                self._avoid.clear()
             try:
                 await self._duty_round(fresh)
             except ControlUnavailable as exc:
                 log.debug("leader duties paused: %s", exc)
+            except Exception:  # a bug must not take the node (and each next leader) down
+                log.exception("leader duty round failed; trying again in 5 s")
+                await trio.sleep(5.0)
 
     async def _duty_round(self, fresh: Iterator[str]) -> None:
         async with self._ask_lock:
@@ -374,10 +390,12 @@ class ClusterControl:
             for command in next_commands(state, self._view(state), now_ms(), fresh):
                 if isinstance(command, PlaceInstance):
                     self._remember_failures(state, command.model)
+                if self._driver.leader != self.node_id:
+                    return  # deposed mid-round: the new leader decides
                 result = await self.submit(command)
-                if isinstance(result, Rejected):
+                if isinstance(result, Rejected):  # the others of the round may still hold
                     log.warning("leader duty %s rejected: %s", type(command).__name__, result)
-                    return
+                    continue
                 log.info("leader duty: %s", command)
                 if isinstance(command, RemoveNode):
                     try:
@@ -395,16 +413,23 @@ class ClusterControl:
                     self._avoid[model] = self._avoid.get(model, frozenset()) | bad
 
     async def _set_config(self) -> None:
-        """Commit this node's cluster-config flags (once a leader takes them)."""
+        """Commit this node's cluster-config flags, once this node is in the State (its log
+        caught up, so the fields it does not set are the cluster's current ones)."""
         while True:
+            if self.state.node(self.node_id) is None:
+                await self.wait_change(self.applied)
+                continue
             config = attrs.evolve(self.state.config, **self._config_changes)
-            if config == self.state.config and self.state.node(self.node_id) is not None:
+            if config == self.state.config:
                 return
             try:
                 result = await self.submit(SetConfig(config))
             except ControlUnavailable:
                 await trio.sleep(0.5)
                 continue
+            except Exception:
+                log.exception("cluster config %s not set", self._config_changes)
+                return
             if isinstance(result, Rejected):
                 log.error("cluster config %s refused: %s", self._config_changes, result.detail)
             return

@@ -134,13 +134,17 @@ class RegisterModel:
 
 @attrs.frozen
 class PlaceInstance:
-    """The leader's concrete plan: ``instance`` of ``model`` with these shards, as of ``at``."""
+    """The leader's concrete plan: ``instance`` of ``model`` with these shards, as of ``at``
+    (``replaces``: instead of that instance, atomically)."""
 
     instance: str
     model: str
     sharding: Sharding
     shards: tuple[Shard, ...]
     at: int
+    replaces: str | None = None
+    """A move: this existing instance is deleted in the same step (refused if it is gone), so
+    a re-placement never leaves two instances, whatever is retried or committed late."""
 
 
 @attrs.frozen

@@ -87,6 +87,7 @@ class Reconciler:
         self.services: dict[str, ModelService] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
         self._assigned: dict[str, Assignment] = {}
+        self._broken: dict[str, str] = {}  # instance -> why its service ended with an error
         self._nursery: trio.Nursery | None = None
 
     def service(self, instance: str) -> ModelService | None:
@@ -99,6 +100,8 @@ class Reconciler:
         wanted: dict[str, Assignment] = {}
         state = self._view.state
         for instance in state.instances:
+            if instance.sharding != "single":  # no runner serves a shard yet (issue 11)
+                continue
             for shard in instance.shards:
                 card = state.model(instance.model)
                 if shard.node == self.node_id and card is not None:
@@ -122,6 +125,7 @@ class Reconciler:
             self._scopes.pop(instance).cancel()
             del self._assigned[instance]
             self.services.pop(instance, None)
+            self._broken.pop(instance, None)
         for instance, assignment in sorted(wanted.items()):
             if instance in self._assigned:
                 continue
@@ -137,11 +141,16 @@ class Reconciler:
             self._scopes[instance] = scope
             self.services[instance] = service
             assert self._nursery is not None
-            self._nursery.start_soon(self._keep, scope, service)
+            self._nursery.start_soon(self._keep, scope, instance, service)
 
-    async def _keep(self, scope: trio.CancelScope, service: ModelService) -> None:
+    async def _keep(self, scope: trio.CancelScope, instance: str, service: ModelService) -> None:
         with scope:
-            await service.run()
+            try:
+                await service.run()
+            except Exception as exc:  # a bug in one instance's service: that instance fails,
+                # reported as such (the leader moves it); the node and its others go on
+                log.exception("instance %s: its model service failed", instance)
+                self._broken[instance] = type(exc).__name__
 
     async def _report_loop(self) -> None:
         while True:
@@ -153,6 +162,8 @@ class Reconciler:
 
     async def _report_one(self, assignment: Assignment, service: ModelService) -> None:
         phase, failure = phase_of(service.status())
+        if (broken := self._broken.get(assignment.instance)) is not None:
+            phase, failure = "failed", f"service_error_{broken}"[:64].lower()
         if phase == "stopped":
             return  # being stopped: the State no longer assigns it (or soon will not)
         recorded = next(

@@ -3,17 +3,19 @@ recovery and removal, driven through the real ``apply()`` so every command is on
 
 from __future__ import annotations
 
+import attrs
+
 from skulk.cluster import LeaderView, Reachable, State, apply, next_commands
 from skulk.wire.cluster import (
     Applied,
     Architecture,
     ClusterCommand,
-    DeleteInstance,
     DemoSource,
     ModelCard,
     NodeStatusChanged,
     PlaceInstance,
     RegisterModel,
+    Rejected,
     RemoveNode,
     ReportRunner,
     SetInstanceStatus,
@@ -64,20 +66,23 @@ def test_a_node_unreachable_long_enough_goes_down_and_its_instance_moves() -> No
     late = LeaderView(here("a", "c"), {"b": 5000}, FREE)
     commands = next_commands(state, late, 11, iter(["i1"]))
     assert commands[0] == NodeStatusChanged("b", "down", 11)
-    place, delete = commands[1:]
+    (place,) = commands[1:]
     assert isinstance(place, PlaceInstance) and place.shards[0].node in {"a", "c"}
-    assert delete == DeleteInstance("i0")
+    assert place.replaces == "i0"
     state = run(state, commands)
     assert [i.id for i in state.instances] == ["i1"]
+    # Committed twice (a retry, a late commit): the second is refused, no second instance.
+    _, again = apply(state, attrs.evolve(place, instance="i9"))
+    assert isinstance(again, Rejected) and again.reason == "unknown_instance"
 
 
 def test_a_failed_runner_moves_the_instance_away_from_its_node() -> None:
     state = run(cluster(), [ReportRunner("i0", 0, "b", "failed", "crash_loop", 5)])
     view = LeaderView(here("a", "b", "c"), {}, FREE)
     commands = next_commands(state, view, 12, iter(["i1"]))
-    place = commands[0]
+    (place,) = commands
     assert isinstance(place, PlaceInstance) and place.shards[0].node != "b"
-    assert commands[1] == DeleteInstance("i0")
+    assert place.replaces == "i0"
 
 
 def test_no_node_left_marks_the_instance_failed_and_it_recovers_when_its_runner_does() -> None:
@@ -99,6 +104,16 @@ def test_a_failed_instance_is_placed_again_when_a_node_can_take_it() -> None:
     commands = next_commands(state, view, 17, iter(["i2"]))
     place = commands[0]
     assert isinstance(place, PlaceInstance) and place.shards[0].node == "a"
+
+
+def test_moves_in_one_round_share_the_free_memory() -> None:
+    state = run(cluster(), [PlaceInstance("j0", "m", "single", (Shard(0, "b", 0, 4),), 0),
+                            NodeStatusChanged("b", "down", 1)])  # fmt: skip
+    # a can take one copy (1.2 GiB + floor), not two; c has room for one too.
+    free = {"a": 2 * GIB, "c": 2 * GIB}
+    commands = next_commands(state, LeaderView(here("a", "c"), {}, free), 30, iter(["x", "y"]))
+    nodes = [c.shards[0].node for c in commands if isinstance(c, PlaceInstance)]
+    assert sorted(nodes) == ["a", "c"]
 
 
 def test_a_down_node_is_removed_only_when_empty_and_after_the_remove_delay() -> None:

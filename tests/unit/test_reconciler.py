@@ -112,3 +112,29 @@ async def test_runs_what_is_assigned_reports_phases_and_stops_what_is_not(
         await trio.sleep(1)
         assert made["i1"].cancelled and reconciler.service("i1") is None
         nursery.cancel_scope.cancel()
+
+
+class BrokenService(FakeService):
+    async def run(self) -> None:
+        self.runs += 1
+        raise OSError("too many open files")
+
+
+async def test_a_service_that_raises_fails_its_instance_only(autojump_clock: Any) -> None:
+    control = FakeControl()
+    control.commit(UpsertNode("me", "a", "f", 0), RegisterModel(CARD))
+    made: dict[str, FakeService] = {}
+
+    def make(instance: str, card: ModelCard) -> Any:
+        made[instance] = (BrokenService if instance == "bad" else FakeService)(card.id)
+        return made[instance]
+
+    reconciler = Reconciler("me", control, control.report, make, lambda: 42)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        control.commit(place("bad", "me"), place("good", "me"))
+        await trio.sleep(1)
+        phases = {r.instance: (r.phase, r.failure) for r in control.reports}
+        assert phases["bad"] == ("failed", "service_error_oserror")
+        assert phases["good"] == ("loading", None) and not made["good"].cancelled
+        nursery.cancel_scope.cancel()
