@@ -113,9 +113,15 @@ class Reconciler:
             self._nursery = nursery
             nursery.start_soon(self._report_loop)
             task_status.started()
+            acted = -1
             while True:
                 seen = self._view.applied
-                self._reconcile()
+                # A State older than one already acted on (storage reopened after a disk
+                # failure restores the last snapshot, then catches up) is not acted on: its
+                # missing instances were not deleted, and their runners must not restart.
+                if seen >= acted:
+                    self._reconcile()
+                    acted = seen
                 await self._view.wait_change(seen)
 
     def _reconcile(self) -> None:

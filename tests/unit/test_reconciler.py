@@ -138,3 +138,30 @@ async def test_a_service_that_raises_fails_its_instance_only(autojump_clock: Any
         assert phases["bad"] == ("failed", "service_error_oserror")
         assert phases["good"] == ("loading", None) and not made["good"].cancelled
         nursery.cancel_scope.cancel()
+
+
+async def test_a_state_rewound_to_an_older_index_stops_nothing(autojump_clock: Any) -> None:
+    control = FakeControl()
+    control.commit(UpsertNode("me", "a", "f", 0), RegisterModel(CARD))
+    before = (control.state, control.applied)
+    made: dict[str, FakeService] = {}
+
+    def make(instance: str, card: ModelCard) -> Any:
+        made[instance] = FakeService(card.id)
+        return made[instance]
+
+    reconciler = Reconciler("me", control, control.report, make, lambda: 42)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        control.commit(place("i1", "me"))
+        await trio.sleep(1)
+        after = (control.state, control.applied)
+        control.state, control.applied = before  # storage reopened: back to an old snapshot
+        control.commit()  # wake the watcher
+        await trio.sleep(1)
+        assert not made["i1"].cancelled and made["i1"].runs == 1
+        control.state, control.applied = after  # caught up again
+        control.commit()
+        await trio.sleep(1)
+        assert made["i1"].runs == 1 and reconciler.service("i1") is made["i1"]
+        nursery.cancel_scope.cancel()
