@@ -198,8 +198,10 @@ class ClusterControl:
         deadline = trio.current_time() + self._submit_timeout
         while True:
             leader = self._driver.leader
-            if leader == self.node_id:
-                return await self._run_ask(call)
+            if leader == self.node_id:  # the same deadline as a forwarded ask has
+                with trio.move_on_at(deadline):
+                    return await self._run_ask(call)
+                raise ControlUnavailable("no_quorum", "the leader did not decide in time")
             link = self._mesh.link(leader) if leader is not None else None
             remaining = deadline - trio.current_time()
             if remaining <= 0:

@@ -36,7 +36,11 @@ def card_from_directory(model_id: str, path: Path, source: ModelSource) -> Model
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}/config.json: {exc}") from None
-    text = config.get("text_config", config)  # multimodal configs nest the language model
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}/config.json is not a JSON object")
+    text = config.get("text_config")  # multimodal configs nest the language model
+    if not isinstance(text, dict):
+        text = config
 
     def field(*names: str, default: int | None = None) -> int:
         for name in names:

@@ -7,16 +7,22 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
+from skulk.api._cluster_routes import refusal_error
 from skulk.cluster import State
-from skulk.control import CONTROL_METHOD, ClusterControl
+from skulk.control import CONTROL_METHOD, ClusterControl, ControlUnavailable
 from skulk.control._control import CALL_CODEC, REPLY_CODEC
 from skulk.federation import RpcFailed
 from skulk.wire.cluster import ControlRefused, PlacementAsk, RemoveNodeAsk
 
 
 def control(leader: str | None) -> ClusterControl:
-    driver = SimpleNamespace(leader=leader, state=State(), applied=0)
+    async def wait_applied(seen: int) -> None:
+        await trio.sleep_forever()
+
+    driver = SimpleNamespace(leader=leader, state=State(), applied=0, wait_applied=wait_applied)
     consensus: Any = SimpleNamespace(driver=driver)
 
     def no_card(name: str) -> Any:
@@ -41,3 +47,39 @@ async def test_a_node_that_does_not_lead_refuses_with_not_leader() -> None:
             await control("other").handle_rpc(CONTROL_METHOD, CALL_CODEC.encode(call))
         )
         assert isinstance(reply, ControlRefused) and reply.code == "not_leader"
+
+
+async def test_an_ask_on_the_leader_has_a_deadline_too(autojump_clock: Any) -> None:
+    leader = control("me")
+
+    async def endless_duty_round() -> None:
+        async with leader._ask_lock:
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(endless_duty_round)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(ControlUnavailable) as failure:
+            await leader.ask(RemoveNodeAsk("x"))
+        nursery.cancel_scope.cancel()
+    assert failure.value.code == "no_quorum"
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "retry"),
+    [
+        ("not_enough_memory", 409, False),
+        ("no_candidate_nodes", 409, False),
+        ("node_in_use", 409, False),
+        ("unknown_model", 404, False),
+        ("unknown_node", 404, False),
+        ("unsupported_sharding", 400, False),
+        ("placement_info_pending", 503, True),
+        ("no_quorum", 503, True),
+        ("not_leader", 503, True),
+    ],
+)
+def test_refusals_map_to_their_status(code: str, status: int, retry: bool) -> None:
+    err = refusal_error(ControlRefused(code, "why"))
+    assert (err.status, err.code) == (status, code)
+    assert ("Retry-After" in err.headers) == retry

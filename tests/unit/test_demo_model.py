@@ -22,12 +22,14 @@ from skulk.models import (
     DEMO_MODEL_ID,
     ModelNotFound,
     available_models,
+    card_from_directory,
     ensure_demo_model,
     resolve_model,
     write_demo_model,
 )
 from skulk.models._demo import MANIFEST_NAME, is_complete
 from skulk.models._weights import exact_matmul
+from skulk.wire.cluster import DemoSource, PathSource
 
 Loaded = tuple[Any, TokenizerWrapper]
 
@@ -335,3 +337,15 @@ def test_resolve_directory_without_config_raises(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ModelNotFound, match=r"no config\.json"):
         resolve_model(str(empty), tmp_path)
+
+
+@pytest.mark.parametrize("config", ["[]", '{"text_config": null}', '{"model_type": "llama"}'])
+def test_a_config_that_describes_no_model_is_a_value_error(tmp_path: Path, config: str) -> None:
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(ValueError, match=r"config\.json"):
+        card_from_directory("m", tmp_path, PathSource(str(tmp_path)))
+
+
+def test_the_demo_models_card(demo_dir: Path) -> None:
+    card = card_from_directory("skulk-demo", demo_dir, DemoSource(1))
+    assert card.architecture.layers >= 1 and card.weight_bytes > 0 and card.context_length > 0
