@@ -297,8 +297,7 @@ def _stop_string(value: object, param: str) -> str:
     if len(value) > MAX_STOP_LENGTH:
         raise ApiError.invalid(
             param,
-            f"Invalid value for '{param}': at most {MAX_STOP_LENGTH} characters, "
-            f"got {len(value)}.",
+            f"Invalid value for '{param}': at most {MAX_STOP_LENGTH} characters, got {len(value)}.",
         )
     return value
 

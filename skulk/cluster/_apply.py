@@ -92,6 +92,11 @@ def _apply(state: State, command: ClusterCommand) -> State:
             old = state.model(card.id)
             if old == card:
                 return state
+            if old is not None and attrs.evolve(old, holders=card.holders) == card:
+                holders = tuple(sorted({*old.holders, *card.holders}))  # another holder
+                return attrs.evolve(
+                    state, models=_put(state.models, attrs.evolve(old, holders=holders), _id)
+                )
             in_use = old is not None and any(i.model == card.id for i in state.instances)
             _require(not in_use, "model_in_use", f"instances of {card.id!r} exist")
             return attrs.evolve(state, models=_put(state.models, card, _id))
@@ -134,6 +139,15 @@ def _place(state: State, command: PlaceInstance) -> State:
         node = _known_node(state, shard.node)
         _require(node.status == "up", "node_not_up", f"node {node.id!r} is {node.status}")
     _check_layers(command, card.architecture.layers)
+    addresses = [s.address for s in shards]
+    if command.sharding == "single":
+        _require(addresses == [""], "bad_shards", "a single instance has no compute address")
+    else:
+        _require(
+            all(addresses) and len(set(addresses)) == len(addresses),
+            "bad_shards",
+            f"every rank needs its own compute address: {addresses}",
+        )
     if command.replaces is not None:  # a move: the old instance goes in the same step
         _known_instance(state, command.replaces)
         state = _delete(state, command.replaces)
@@ -210,6 +224,7 @@ def _check_card(card: ModelCard) -> None:
     }
     bad = sorted(name for name, value in positive.items() if value < 1)
     _require(bool(card.id), "bad_value", "empty model id")
+    _require(list(card.holders) == sorted(set(card.holders)), "bad_value", "holders unsorted")
     _require(not bad, "bad_value", f"must be >= 1: {bad}")
     _require(card.weight_bytes >= 0, "bad_value", "weight_bytes must be >= 0")
 

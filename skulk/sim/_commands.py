@@ -26,6 +26,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
+import attrs
+
 from skulk.cluster import State, encode_command
 from skulk.wire.cluster import (
     Architecture,
@@ -211,7 +213,7 @@ class CommandMaker:
         shards = _shards(sharding, nodes, layers)
         if shards and rng.random() < 0.04:  # a wrong layer range: bad_layers
             last = shards[-1]
-            shards[-1] = Shard(last.rank, last.node, last.start, last.end + 1)
+            shards[-1] = attrs.evolve(last, end=last.end + 1)
         return PlaceInstance(instance, model, sharding, tuple(shards), at)
 
     def _instance_id(self, state: State) -> str:
@@ -246,12 +248,16 @@ class CommandMaker:
 
 
 def _shards(sharding: Sharding, nodes: list[str], layers: int) -> list[Shard]:
-    if sharding == "tensor":
-        return [Shard(r, n, 0, layers) for r, n in enumerate(nodes)]
     if sharding == "single":
         return [Shard(r, n, 0, layers) for r, n in enumerate(nodes[:1])]
+    if sharding == "tensor":
+        return [Shard(r, n, 0, layers, _address(r)) for r, n in enumerate(nodes)]
     count = len(nodes)
     if count == 0:
         return []
     bounds = [layers * k // count for k in range(count)] + [layers]
-    return [Shard(r, n, bounds[r], bounds[r + 1]) for r, n in enumerate(nodes)]
+    return [Shard(r, n, bounds[r], bounds[r + 1], _address(r)) for r, n in enumerate(nodes)]
+
+
+def _address(rank: int) -> str:
+    return f"127.0.0.1:{7600 + rank}"

@@ -20,7 +20,9 @@ Sharding = Literal["single", "pipeline", "tensor"]
 """``single`` is one shard holding every layer; ``pipeline`` splits layers across ranks;
 ``tensor`` splits every layer (each rank holds the full layer range)."""
 InstanceStatus = Literal["placed", "failed"]
-RunnerPhase = Literal["pending", "loading", "ready", "failed", "stopped"]
+RunnerPhase = Literal["pending", "fetching", "connecting", "loading", "ready", "failed", "stopped"]
+"""``fetching``: the node is fetching the shard's weights from a peer; ``connecting``: the
+runner is joining its instance's compute group (pipeline and tensor instances only)."""
 RejectReason = Literal[
     "unknown_node",
     "node_not_up",
@@ -72,6 +74,13 @@ class ModelCard:
     architecture: Architecture
     weight_bytes: int
     context_length: int
+    manifest_sha256: str | None = None
+    """sha256 (hex) of the model's weight manifest (:mod:`skulk.models`): every file and
+    tensor with its byte range and hash; a node fetching weights from a peer checks the
+    manifest against this, then every byte against the manifest. ``None`` for the demo model
+    (every node generates it)."""
+    holders: tuple[str, ...] = ()
+    """Nodes known to hold the whole model (sorted): where peers fetch its weights from."""
 
 
 @attrs.frozen
@@ -82,6 +91,9 @@ class Shard:
     node: str
     start: int
     end: int
+    address: str = ""
+    """Where this rank's runner joins the instance's compute group (``host:port`` of the
+    ``mlx.distributed`` ring), chosen at placement; empty for a ``single`` instance."""
 
 
 @attrs.frozen
@@ -127,7 +139,8 @@ class RemoveNode:
 
 @attrs.frozen
 class RegisterModel:
-    """Add a model card, or replace one that no instance uses."""
+    """Add a model card, or replace one that no instance uses; a card equal to the one in use
+    but for ``holders`` adds its holders (another node has the whole model now)."""
 
     card: ModelCard
 

@@ -39,7 +39,9 @@ def built() -> State:
         *(UpsertNode(n, "a", "f", 1) for n in NODES),
         NodeStatusChanged("n3", "down", 2),
         RegisterModel(CARD),
-        PlaceInstance("i", "m", "pipeline", (Shard(0, "n1", 0, 2), Shard(1, "n2", 2, 4)), 3),
+        PlaceInstance(
+            "i", "m", "pipeline", (Shard(0, "n1", 0, 2, "h:1"), Shard(1, "n2", 2, 4, "h:2")), 3
+        ),
     ):
         state, result = apply(state, cmd)
         assert result == Applied(), cmd

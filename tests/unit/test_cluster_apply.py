@@ -29,6 +29,7 @@ from skulk.wire.cluster import (
 )
 from skulk.wire.raft import Entry, EntryKind
 
+A, B = "127.0.0.1:7001", "127.0.0.1:7002"
 CARD = ModelCard("demo", DemoSource(7), Architecture("llama", 4, 64, 4, 2, 256), 1000, 2048)
 
 
@@ -122,6 +123,18 @@ def test_the_happy_path_builds_a_canonical_state() -> None:
             PlaceInstance("i2", "demo", "tensor", (Shard(0, "a", 0, 4), Shard(1, "b", 0, 3)), 9),
             "bad_layers",
         ),
+        (
+            PlaceInstance("i2", "demo", "tensor", (Shard(0, "a", 0, 4, A), Shard(1, "b", 0, 4)), 9),
+            "bad_shards",  # a rank without a compute address
+        ),
+        (
+            PlaceInstance(
+                "i2", "demo", "tensor", (Shard(0, "a", 0, 4, A), Shard(1, "b", 0, 4, A)), 9
+            ),
+            "bad_shards",  # two ranks at one address
+        ),
+        (PlaceInstance("i2", "demo", "single", (Shard(0, "b", 0, 4, A),), at=9), "bad_shards"),
+        (RegisterModel(attrs.evolve(CARD, id="x", holders=("b", "a"))), "bad_value"),
         (DeleteInstance("zz"), "unknown_instance"),
         (SetInstanceStatus("zz", "failed", at=9), "unknown_instance"),
         (ReportRunner("zz", 0, "a", "ready", None, at=9), "unknown_instance"),
@@ -139,8 +152,8 @@ def test_each_rejection_leaves_the_state_unchanged(command: ClusterCommand, reas
 
 def test_pipeline_and_tensor_plans_are_checked_and_accepted() -> None:
     state = run(
-        PlaceInstance("p", "demo", "pipeline", (Shard(0, "b", 0, 1), Shard(1, "a", 1, 4)), 9),
-        PlaceInstance("t", "demo", "tensor", (Shard(0, "a", 0, 4), Shard(1, "b", 0, 4)), 9),
+        PlaceInstance("p", "demo", "pipeline", (Shard(0, "b", 0, 1, B), Shard(1, "a", 1, 4, A)), 9),
+        PlaceInstance("t", "demo", "tensor", (Shard(0, "a", 0, 4, A), Shard(1, "b", 0, 4, B)), 9),
         state=base(),
     )
     assert [(r.instance, r.rank) for r in state.runners] == [
@@ -201,3 +214,11 @@ def test_the_machine_adapter() -> None:
 
     with pytest.raises(SnapshotCorrupt):
         machine.restore(pack({"nodes": 1}))
+
+
+def test_a_card_in_use_gains_holders_but_cannot_change_otherwise() -> None:
+    state = run(RegisterModel(attrs.evolve(CARD, holders=("b",))), state=base())  # i1 uses it
+    state = run(RegisterModel(attrs.evolve(CARD, holders=("a",))), state=state)
+    card = state.model("demo")
+    assert card is not None and card.holders == ("a", "b")
+    assert rejected(state, RegisterModel(attrs.evolve(CARD, weight_bytes=5))) == "model_in_use"
