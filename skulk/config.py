@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -18,9 +21,70 @@ from skulk.actors import CooldownPolicy, RestartPolicy
 from skulk.runner import RunnerConfig
 from skulk.worker import CRASH_LOOP_COOLDOWN, RUNNER_RESTARTS
 
+if TYPE_CHECKING:
+    from skulk.federation import LinkConfig
+    from skulk.routing import RouteTimeouts
+
 DEFAULT_PORT = 52415
 DEFAULT_MODEL = "skulk-demo"
 _RUNNER = RunnerConfig()
+#: Without --compute-ports a node offers this many ports, starting this far above its
+#: federation port (53416-53447 for the default --listen): nodes on one machine listen on
+#: different federation ports, so their default ranges differ too, and the leader never gives
+#: one address (host:port) to two ranks anyway.
+COMPUTE_PORTS_OFFSET = 1000
+COMPUTE_PORTS_COUNT = 32
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+class ByteSize(int):
+    """A byte count written as a number with an optional binary suffix: ``1073741824``,
+    ``512M``, ``2G``, ``1.5GiB``, ``64k`` (K/M/G/T, optionally with ``i`` and/or ``B``; powers
+    of 1024). ``ValueError`` otherwise."""
+
+    description = "a size in bytes (1073741824, 512M, 2G, 1.5GiB)"
+    _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    _PATTERN = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B?)", re.IGNORECASE)
+
+    def __new__(cls, value: object) -> ByteSize:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return super().__new__(cls, value)
+        match = cls._PATTERN.fullmatch(str(value).strip())
+        if match is None or (not match[2] and match[3].upper() not in ("", "B")):
+            raise ValueError(f"not a size: {value!r}")
+        scale = cls._SCALE[match[2].upper()]
+        whole, _, fraction = match[1].partition(".")
+        amount = int(whole) * scale + (int(fraction or "0") * scale) // 10 ** len(fraction)
+        return super().__new__(cls, amount)
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``LO-HI`` (``1 <= LO <= HI <= 65535``) as ``(LO, HI)``; ``ValueError`` otherwise."""
+    lo, sep, hi = text.strip().partition("-")
+    if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+        raise ValueError(f"expected LO-HI, got {text!r}")
+    first, last = int(lo), int(hi)
+    if not 1 <= first <= last <= 65535:
+        raise ValueError(f"expected 1 <= LO <= HI <= 65535, got {text!r}")
+    return first, last
+
+
+#: What a deadline flag of 0 ("disabled") becomes where a finite number must travel (a year).
+DISABLED_DEADLINE = 365 * 24 * 3600.0
+#: RouteTimeouts().keepalive and LinkConfig().heartbeat_interval: --route-idle-timeout and
+#: --link-liveness-timeout must exceed them (else a healthy, silent peer would be given up).
+ROUTE_KEEPALIVE = 2.0
+LINK_HEARTBEAT = 1.0
+
+
+def default_compute_ports(federation_port: int) -> tuple[int, int]:
+    """The compute ports a node offers without --compute-ports: :data:`COMPUTE_PORTS_COUNT`
+    ports from ``federation_port + COMPUTE_PORTS_OFFSET`` (below the federation port instead
+    when that would pass 65535)."""
+    first = federation_port + COMPUTE_PORTS_OFFSET
+    if first + COMPUTE_PORTS_COUNT - 1 > 65535:
+        first = max(1024, federation_port - COMPUTE_PORTS_OFFSET - COMPUTE_PORTS_COUNT)
+    return first, first + COMPUTE_PORTS_COUNT - 1
 
 
 def default_home(env: Mapping[str, str]) -> Path:
@@ -48,6 +112,13 @@ class ServeConfig:
     cancel_timeout: float = _RUNNER.cancel_timeout
     shutdown_grace: float = _RUNNER.shutdown_grace
     heartbeat_interval: float = _RUNNER.heartbeat_interval
+    # a rank of a pipeline/tensor instance (seconds; 0 disables: only for repro --break runs)
+    group_connect_timeout: float = 60.0
+    collective_timeout: float = 20.0
+    # the remote hop and the node links (seconds; 0 disables: only for repro --break runs); the
+    # defaults are RouteTimeouts().idle and LinkConfig().liveness_timeout
+    route_idle_timeout: float = 10.0
+    link_liveness_timeout: float = 5.0
     # runner relaunches; the defaults are the model service's own
     restart_backoff: float = RUNNER_RESTARTS.initial_backoff
     restart_limit: int = RUNNER_RESTARTS.max_restarts
@@ -59,6 +130,10 @@ class ServeConfig:
     node_down_after: float | None = None
     node_remove_after: float | None = None
     max_queue: int = 64
+    # what this node offers to placement
+    memory_limit: int | None = None
+    compute_ports: str = ""  # LO-HI; "" derives them from the federation port
+    compute_host: str = ""  # "" is the --listen host (the hostname for a wildcard)
     # federation
     listen: str = "127.0.0.1:52416"
     join: tuple[str, ...] = ()
@@ -77,6 +152,22 @@ class ServeConfig:
         if self.model == DEFAULT_MODEL and not founder and not self.model_given:
             return None
         return self.model
+
+    def compute_port_range(self, federation_port: int) -> tuple[int, int]:
+        """``--compute-ports``, else :func:`default_compute_ports` of the bound federation
+        port."""
+        if self.compute_ports:
+            return parse_port_range(self.compute_ports)
+        return default_compute_ports(federation_port)
+
+    def compute_host_for(self, federation_host: str) -> str:
+        """``--compute-host``, else the federation listen host, else (a wildcard listen says
+        nothing about where the node is reached) this machine's hostname."""
+        if self.compute_host:
+            return self.compute_host
+        if federation_host not in _WILDCARD_HOSTS:
+            return federation_host
+        return socket.gethostname()
 
     def cluster_config_changes(self) -> dict[str, int]:
         """The cluster config fields this node's flags set (milliseconds)."""
@@ -103,6 +194,28 @@ class ServeConfig:
             maximum=max(CRASH_LOOP_COOLDOWN.maximum, self.crash_loop_cooldown),
         )
 
+    def shard_timeouts(self) -> tuple[float, float]:
+        """``(connect, collective)`` deadlines for a rank of a sharded instance (a disabled
+        one, 0, becomes a deadline that never fires in practice)."""
+        return (
+            self.group_connect_timeout or DISABLED_DEADLINE,
+            self.collective_timeout or DISABLED_DEADLINE,
+        )
+
+    def route_timeouts(self) -> RouteTimeouts:
+        """The remote hop's deadlines: ``--route-idle-timeout`` (0, disabled, becomes a
+        deadline that never fires in practice); the others are the hop's defaults."""
+        from skulk.routing import RouteTimeouts
+
+        return RouteTimeouts(idle=self.route_idle_timeout or DISABLED_DEADLINE)
+
+    def link_config(self) -> LinkConfig:
+        """The node links' settings: ``--link-liveness-timeout`` (0, disabled, becomes a
+        deadline that never fires in practice); the others are the links' defaults."""
+        from skulk.federation import LinkConfig
+
+        return LinkConfig(liveness_timeout=self.link_liveness_timeout or DISABLED_DEADLINE)
+
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(
             hello_timeout=self.hello_timeout,
@@ -119,6 +232,18 @@ class ServeConfig:
 def _seconds(value: object) -> str | None:
     assert isinstance(value, float)
     return None if math.isfinite(value) and value >= 0 else "a finite number of seconds >= 0"
+
+
+def _route_idle(value: object) -> str | None:
+    assert isinstance(value, float)
+    ok = value == 0 or (math.isfinite(value) and value > ROUTE_KEEPALIVE)
+    return None if ok else f"0 (disabled) or more seconds than the keepalive ({ROUTE_KEEPALIVE:g})"
+
+
+def _link_liveness(value: object) -> str | None:
+    assert isinstance(value, float)
+    ok = value == 0 or (math.isfinite(value) and value > LINK_HEARTBEAT)
+    return None if ok else f"0 (disabled) or more seconds than the heartbeat ({LINK_HEARTBEAT:g})"
 
 
 def _positive(value: object) -> str | None:
@@ -175,6 +300,25 @@ def _join(value: object) -> str | None:
     return None
 
 
+def _port_range(value: object) -> str | None:
+    try:
+        parse_port_range(str(value))
+    except ValueError:
+        return "LO-HI, two port numbers with 1 <= LO <= HI <= 65535"
+    return None
+
+
+def _host(value: object) -> str | None:
+    text = str(value)
+    ok = text and text not in _WILDCARD_HOSTS and not any(c.isspace() for c in text)
+    return None if ok else "a host name or address the other nodes reach this one at"
+
+
+def _positive_size(value: object) -> str | None:
+    assert isinstance(value, int)
+    return None if value > 0 else "a size in bytes > 0"
+
+
 def _file(value: object) -> str | None:
     assert isinstance(value, Path)
     return None if value.expanduser().is_file() else "an existing file"
@@ -220,6 +364,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("shutdown_grace", float, "seconds between SIGTERM and SIGKILL when stopping a runner",
            _seconds),
     Option("heartbeat_interval", float, "seconds between a runner's heartbeats", _positive),
+    Option("group_connect_timeout", float,
+           "seconds the ranks of a pipeline/tensor instance have to form their compute group; "
+           "0 disables (not for production)", _seconds),
+    Option("collective_timeout", float,
+           "seconds one distributed step (a collective) may take before the rank is declared "
+           "wedged and the instance re-placed; 0 disables (not for production)", _seconds),
+    Option("route_idle_timeout", float,
+           "seconds a request routed to another node may wait for the next chunk of its "
+           "answer (the serving node sends a keepalive every 2 s) before it fails "
+           "node_unreachable; 0 disables (not for production)", _route_idle),
+    Option("link_liveness_timeout", float,
+           "seconds a link to another node may receive nothing (it is pinged every second) "
+           "before it is declared down; 0 disables (not for production)", _link_liveness),
     Option("restart_backoff", float, "first relaunch delay of a failed runner (then doubling)",
            _seconds),
     Option("restart_limit", int,
@@ -240,6 +397,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_queue", int,
            "requests one instance on this node takes at once; more are answered 429",
            _at_least_one),
+    Option("memory_limit", ByteSize,
+           "advertise at most this much memory to placement (512M, 2G, ...): available is "
+           "at most the limit less what this node's runners use", _positive_size),
+    Option("compute_ports", str,
+           "LO-HI: ports this node's runners may listen on for pipeline/tensor compute "
+           f"groups (default: {COMPUTE_PORTS_COUNT} ports from the federation port + "
+           f"{COMPUTE_PORTS_OFFSET})", _port_range),
+    Option("compute_host", str,
+           "host the other nodes reach this node's compute ports at (default: the --listen "
+           "host; the hostname when it is a wildcard)", _host),
     Option("listen", str, "HOST:PORT where this node accepts other nodes (port 0: any)",
            _listen),
     Option("join", str,
@@ -303,7 +470,10 @@ def _value(opt: Option, raw: object, source: str) -> object:
     try:
         value = opt.kind(raw)
     except ValueError:
-        raise ValueError(f"{source}: expected {opt.kind.__name__}, got {raw!r}") from None
+        expected = getattr(opt.kind, "description", opt.kind.__name__)
+        raise ValueError(f"{source}: expected {expected}, got {raw!r}") from None
     if opt.check is not None and (problem := opt.check(value)) is not None:
         raise ValueError(f"{source}: expected {problem}, got {raw!r}")
+    if isinstance(value, ByteSize):
+        return int(value)  # a plain int from here on (the wire codecs take exact types)
     return value.expanduser() if isinstance(value, Path) else value

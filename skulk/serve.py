@@ -24,6 +24,8 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -34,8 +36,10 @@ from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
 from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
+from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, runner_events
 from skulk.federation import (
     DataReceiver,
+    FetchBoard,
     Mesh,
     MeshAddressError,
     RpcFailed,
@@ -51,10 +55,20 @@ from skulk.federation import (
     tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
-from skulk.models import model_card, model_directory
+from skulk.models import model_card
+from skulk.models._shards import ShardSlice
 from skulk.routing import ROUTE_METHOD, Admission, RemoteRouting, Router
-from skulk.wire.cluster import ModelCard
-from skulk.worker import ModelService, Reconciler
+from skulk.transfer import (
+    TRANSFER_METHODS,
+    WeightClient,
+    WeightServer,
+    fetch_model,
+    is_transfer_stream,
+)
+from skulk.wire.diagnostics import TimelineEvent
+from skulk.wire.runner import ShardSpec
+from skulk.wire.telemetry import ComputePorts, NodeReadings
+from skulk.worker import Assignment, ModelService, Reconciler
 
 log = logging.getLogger("skulk")
 
@@ -88,7 +102,10 @@ async def serve(
         return await handler(method, body)
 
     async def streams(peer: str, receiver: DataReceiver) -> None:
-        await remote.handle_stream(peer, receiver)
+        if await is_transfer_stream(receiver):
+            await weights_client.handle_stream(peer, receiver)
+        else:
+            await remote.handle_stream(peer, receiver)
 
     try:
         server_ssl, client_ssl = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
@@ -97,6 +114,7 @@ async def serve(
             secret.secret,
             listen=parse_listen_address(config.listen),
             join=config.join,
+            link_config=config.link_config(),
             server_ssl=server_ssl,
             client_ssl=client_ssl,
             rpc_handler=rpc,
@@ -111,34 +129,78 @@ async def serve(
     )
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
-    gossip = TelemetryGossip(
-        mesh,
-        TelemetryStore(node_id, next_epoch(config.home)),
-        lambda: sample_readings(node_id, (addresses["listen"],), addresses["api"]),
-    )
+    compute: list[ComputePorts] = []  # likewise: this node's compute host and port range
+    fetches = FetchBoard()  # weight fetches in progress, published in the readings
+
+    def runner_bytes() -> int:
+        """Memory this node's live runners use (their last heartbeat's RSS)."""
+        total = 0
+        for service in list(reconciler.services.values()):
+            for runner in service.recent_runners():
+                stats = runner.statistics()
+                if stats.phase not in ("stopped", "failed") and stats.rss_bytes:
+                    total += stats.rss_bytes
+        return total
+
+    def sample() -> NodeReadings:
+        return sample_readings(
+            node_id,
+            (addresses["listen"],),
+            addresses["api"],
+            memory_limit=config.memory_limit,
+            runner_bytes=runner_bytes() if config.memory_limit is not None else 0,
+            compute=compute[0] if compute else None,
+            fetches=fetches.snapshot(),
+        )
+
+    gossip = TelemetryGossip(mesh, TelemetryStore(node_id, next_epoch(config.home)), sample)
     control = ClusterControl(
         node_id,
         consensus,
         mesh,
         lambda: {n: e.readings for n, e in gossip.store.view.items()},
-        card_for=lambda model: model_card(model, config.home),
+        card_for=lambda model: model_card(model, config.home, node_id),
         ensure_model=config.ensured_model(founder=founder),
         config_changes=config.cluster_config_changes(),
     )
 
-    def make_service(instance: str, card: ModelCard) -> ModelService:
+    weights_client = WeightClient(mesh)
+    weights_server = WeightServer(mesh, lambda model: control.state.model(model), config.home)
+
+    def make_service(a: Assignment) -> ModelService:
+        card, shard = a.card, a.shard
+        part = ShardSlice(a.sharding, shard.start, shard.end, card.architecture.layers)
+
+        async def resolve() -> Path:
+            """The weights this rank needs, here (fetched from a holder if need be)."""
+
+            def progress(done: int, total: int) -> None:
+                fetches.set(a.instance, a.rank, done, total)
+
+            try:
+                return await fetch_model(weights_client, card, part, config.home, progress=progress)
+            finally:
+                fetches.clear(a.instance, a.rank)
+
+        spec: ShardSpec | None = None
+        if a.sharding != "single":
+            connect, collective = config.shard_timeouts()
+            hosts = tuple(s.address for s in a.shards)
+            spec = ShardSpec(a.sharding, a.rank, hosts, shard.start, shard.end, connect, collective)
         return ModelService(
             card.id,
-            lambda: model_directory(card, config.home),
+            resolve,
             config.runner_config(),
             policy=config.restart_policy(),
             cooldown=config.cooldown_policy(),
             stream_interval=config.stream_interval,
+            shard=spec,
+            group_ready=None if spec is None else partial(reconciler.wait_group, a.instance),
         )
 
     reconciler = Reconciler(node_id, control, control.submit, make_service, now_ms)
     admission = Admission(config.max_queue)
-    remote = RemoteRouting(mesh, reconciler.service, admission)
+    remote = RemoteRouting(mesh, reconciler.service, admission, timeouts=config.route_timeouts())
     router = Router(
         node_id,
         lambda: control.state,
@@ -148,15 +210,36 @@ async def serve(
         admission,
         load=lambda node: e.readings.load_1m if (e := gossip.store.view.get(node)) else 0.0,
     )
+
+    def local_timeline() -> list[TimelineEvent]:
+        """This node's runners' flight-recorder events, for the cluster timeline."""
+        assigned = reconciler.assignments()
+        events: list[TimelineEvent] = []
+        for instance, service in list(reconciler.services.items()):
+            rank = assigned[instance].rank if instance in assigned else 0
+            events += runner_events(node_id, instance, rank, service.recent_runners())
+        return events
+
+    timeline = ClusterTimeline(
+        node_id, local_timeline, lambda: [n.id for n in control.state.nodes], mesh.link
+    )
     handlers.update(
         {
             SUBMIT_METHOD: consensus.handle_rpc,
             CONTROL_METHOD: control.handle_rpc,
             ROUTE_METHOD: remote.handle_rpc,
+            TIMELINE_METHOD: timeline.handle_rpc,
+            **dict.fromkeys(TRANSFER_METHODS, weights_server.handle_rpc),
         }
     )
     app = create_app(
-        router, reconciler, control=control, cluster=mesh, gossip=gossip, consensus=consensus
+        router,
+        reconciler,
+        control=control,
+        cluster=mesh,
+        gossip=gossip,
+        consensus=consensus,
+        timeline=timeline,
     )
     envelope_hypercorn_errors()  # the answers Hypercorn gives without the app: the envelope too
     hc = HypercornConfig()
@@ -188,6 +271,9 @@ async def serve(
         except OSError as exc:
             raise StartupError(f"cannot listen for nodes on {config.listen}: {exc}") from None
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        compute.append(
+            ComputePorts(config.compute_host_for(host), *config.compute_port_range(port))
+        )
         print(
             f"skulk: node {node_id} of {secret.describe()}; "
             f"federation listening on {scheme}://{listen}",
@@ -202,6 +288,7 @@ async def serve(
             print(instructions, flush=True)
         await nursery.start(consensus.run)  # StorageCorrupt: refuses to start (see __main__)
         await nursery.start(remote.run)
+        await nursery.start(weights_server.run)
         await nursery.start(reconciler.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"

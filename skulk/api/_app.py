@@ -17,6 +17,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from skulk.api._cluster_routes import install_cluster_routes
+from skulk.api._diagnostic_routes import install_timeline_route
 from skulk.api._guard import RequestGuard, close_with_request
 from skulk.api._http_errors import install_error_handlers, json_response
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, parse_json_body
@@ -34,6 +35,7 @@ from skulk.api._ws import serve_websocket
 from skulk.cluster import State
 from skulk.consensus import ConsensusService
 from skulk.control import ClusterControl
+from skulk.diagnostics import ClusterTimeline
 from skulk.federation import Mesh, TelemetryGossip
 from skulk.routing import ModelListing, Route, Router
 from skulk.runner import Runner
@@ -60,9 +62,11 @@ def create_app(
     cluster: Mesh | None = None,
     gossip: TelemetryGossip | None = None,
     consensus: ConsensusService[State] | None = None,
+    timeline: ClusterTimeline | None = None,
 ) -> QuartTrio:
     """The HTTP API of a node: requests for any model go through ``router``; ``local`` are
-    the instances this node runs (health, diagnostics); ``control`` adds the cluster routes."""
+    the instances this node runs (health, diagnostics); ``control`` adds the cluster routes;
+    ``timeline`` adds ``GET /v1/diagnostics/cluster/timeline``."""
     app = QuartTrio("skulk", static_folder=None)  # no /static route: every path is ours
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
@@ -74,7 +78,14 @@ def create_app(
     )
     install_error_handlers(app)
     if control is not None:
-        install_cluster_routes(app, control, _body)
+        readings = (
+            (lambda: {n: e.readings for n, e in gossip.store.view.items()})
+            if gossip is not None
+            else None
+        )
+        install_cluster_routes(app, control, _body, readings)
+    if timeline is not None:
+        install_timeline_route(app, timeline)
 
     def only_service() -> ModelService | None:
         """The one instance this node runs, if it runs exactly one (the usual single node)."""

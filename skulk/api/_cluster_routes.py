@@ -4,11 +4,13 @@
 ``GET /v1/cluster/state``, ``DELETE /v1/cluster/nodes/{id}``. Placements and removals are
 decided by the leader (:meth:`ClusterControl.ask`); any node's API takes them. Refusals are
 the error envelope with ``code`` set to the failure's name (``docs/api.md`` lists them).
+Instances show each rank's runner phase and failure from the State and, while a rank fetches
+its weights, the progress its node gossips in telemetry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -30,6 +32,10 @@ from skulk.wire.cluster import (
     Rejected,
     RemoveNodeAsk,
 )
+from skulk.wire.telemetry import NodeReadings
+
+Readings = Callable[[], Mapping[str, NodeReadings]]
+"""The telemetry snapshot: node id → its latest readings."""
 
 #: The status a refusal is answered with, by code (others: 409, a conflict with the State).
 REFUSAL_STATUS = {
@@ -58,9 +64,31 @@ _PLACEMENT_FIELDS = {
 SEE_COMMIT_TIMEOUT = 5.0
 
 
-def instance_json(state: State, instance: Instance) -> dict[str, object]:
-    """One instance as ``GET /v1/instances`` shows it."""
+def instance_json(
+    state: State, instance: Instance, readings: Mapping[str, NodeReadings] | None = None
+) -> dict[str, object]:
+    """One instance as ``GET /v1/instances`` shows it: per rank its node, layers, compute
+    address and runner (phase and failure reason from the State; ``bytes_done`` and
+    ``bytes_total`` from its node's ``readings`` while the phase is ``fetching``, else null)."""
     runners = {(r.rank): r for r in state.runners if r.instance == instance.id}
+
+    def runner(rank: int, node: str) -> dict[str, object]:
+        found = runners.get(rank)
+        phase = found.phase if found is not None else "pending"
+        done: int | None = None
+        total: int | None = None
+        node_readings = (readings or {}).get(node)
+        if phase == "fetching" and node_readings is not None:
+            for fetch in node_readings.fetches:
+                if (fetch.instance, fetch.rank) == (instance.id, rank):
+                    done, total = fetch.bytes_done, fetch.bytes_total
+        return {
+            "phase": phase,
+            "failure": found.failure if found is not None else None,
+            "bytes_done": done,
+            "bytes_total": total,
+        }
+
     return {
         "id": instance.id,
         "model": instance.model,
@@ -71,10 +99,8 @@ def instance_json(state: State, instance: Instance) -> dict[str, object]:
                 "rank": s.rank,
                 "node": s.node,
                 "layers": [s.start, s.end],
-                "runner": {
-                    "phase": runners[s.rank].phase if s.rank in runners else "pending",
-                    "failure": runners[s.rank].failure if s.rank in runners else None,
-                },
+                "address": s.address or None,
+                "runner": runner(s.rank, s.node),
             }
             for s in instance.shards
         ],
@@ -122,6 +148,20 @@ def parse_placement(body: object) -> PlacementAsk:
         max_nodes = _count(body, "max_nodes", 1)
         if max_nodes < min_nodes:
             raise ApiError.invalid("max_nodes", "max_nodes must be at least min_nodes")
+    if sharding == "single":
+        for key in ("min_nodes", "max_nodes"):
+            if body.get(key) not in (None, 1):
+                raise ApiError.invalid(
+                    key, f"a single instance runs on one node: {key} applies to pipeline and tensor"
+                )
+    if overlap := sorted(set(nodes) & set(excluded)):
+        raise ApiError.invalid(
+            "excluded_nodes", f"excluded_nodes names pinned nodes: {', '.join(overlap)}"
+        )
+    if nodes and len(set(nodes)) < min_nodes:
+        raise ApiError.invalid(
+            "min_nodes", f"min_nodes is {min_nodes} but nodes pins only {len(set(nodes))} node(s)"
+        )
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ApiError.invalid_type("dry_run", "a boolean", dry_run)
@@ -136,6 +176,8 @@ def _names(body: dict[str, object], key: str) -> tuple[str, ...]:
         raise ApiError.invalid_type(key, "an array of node ids", value)
     if len(value) > 1024:
         raise ApiError.invalid(key, f"{key} lists more than 1024 nodes")
+    if len(set(value)) < len(value):
+        raise ApiError.invalid(key, f"{key} names a node twice")
     return tuple(value)
 
 
@@ -149,9 +191,16 @@ def _count(body: dict[str, object], key: str, default: int) -> int:
 
 
 def install_cluster_routes(
-    app: QuartTrio, control: ClusterControl, body_of: Callable[[], Awaitable[object]]
+    app: QuartTrio,
+    control: ClusterControl,
+    body_of: Callable[[], Awaitable[object]],
+    readings: Readings | None = None,
 ) -> None:
-    """Add the control routes to ``app`` (``body_of``: the app's checked JSON body reader)."""
+    """Add the control routes to ``app`` (``body_of``: the app's checked JSON body reader;
+    ``readings``: the telemetry snapshot, for fetch progress)."""
+
+    def snapshot() -> Mapping[str, NodeReadings]:
+        return readings() if readings is not None else {}
 
     async def ask(call: PlacementAsk | RemoveNodeAsk) -> ControlReply:
         try:
@@ -192,6 +241,7 @@ def install_cluster_routes(
                         "layers": [s.start, s.end],
                         "need_bytes": s.need_bytes,
                         "available_bytes": s.available_bytes,
+                        "address": s.address or None,
                     }
                     for s in reply.shards
                 ],
@@ -201,14 +251,16 @@ def install_cluster_routes(
             instance = await see(reply.instance)
             if instance is None:
                 return json_response({"instance": {"id": reply.instance}}, 201)
-            return json_response({"instance": instance_json(control.state, instance)}, 201)
+            body = {"instance": instance_json(control.state, instance, snapshot())}
+            return json_response(body, 201)
         assert isinstance(reply, ControlRefused)
         raise refusal_error(reply)
 
     @app.get("/v1/instances")
     async def instances() -> Response:
-        state = control.state
-        return json_response({"instances": [instance_json(state, i) for i in state.instances]}, 200)
+        state, seen = control.state, snapshot()
+        body = {"instances": [instance_json(state, i, seen) for i in state.instances]}
+        return json_response(body, 200)
 
     @app.get("/v1/instances/<instance_id>")
     async def instance(instance_id: str) -> Response:
@@ -216,7 +268,7 @@ def install_cluster_routes(
         found = state.instance(instance_id)
         if found is None:
             raise ApiError.not_found(f"no instance {instance_id!r}", code="unknown_instance")
-        return json_response(instance_json(state, found), 200)
+        return json_response(instance_json(state, found, snapshot()), 200)
 
     @app.delete("/v1/instances/<instance_id>")
     async def delete_instance(instance_id: str) -> Response:

@@ -12,6 +12,7 @@ import statistics
 import time
 
 from skulk.cluster import ModelNeeds, NodeCapacity, PlacementRequest, Plan, plan
+from skulk.wire.telemetry import ComputePorts
 
 GIB = 1 << 30
 
@@ -19,17 +20,23 @@ GIB = 1 << 30
 def run(nodes: int = 100, repeats: int = 200, seed: int = 0) -> dict[str, object]:
     rng = random.Random(seed)
     capacity = [
-        NodeCapacity(f"node-{i:04d}", rng.random() > 0.05, rng.randrange(8 * GIB, 64 * GIB))
+        NodeCapacity(
+            f"node-{i:04d}",
+            rng.random() > 0.05,
+            rng.randrange(8 * GIB, 64 * GIB),
+            ComputePorts(f"10.0.{i // 256}.{i % 256}", 53416, 53447),
+        )
         for i in range(nodes)
     ]
     models = {
-        "small": ModelNeeds("small", 4 * GIB, 32, 8192, 128 * 1024),
-        "large": ModelNeeds("large", 400 * GIB, 80, 8192, 320 * 1024),
+        "small": ModelNeeds("small", 4 * GIB, 32, 8192, 128 * 1024, "llama", 32, 8),
+        "large": ModelNeeds("large", 400 * GIB, 80, 8192, 320 * 1024, "llama", 64, 8),
+        "medium": ModelNeeds("medium", 160 * GIB, 80, 8192, 320 * 1024, "llama", 64, 8),
     }
     cases = {
         "single": PlacementRequest("small"),
         "pipeline": PlacementRequest("large", "pipeline"),
-        "tensor": PlacementRequest("large", "tensor", min_nodes=2),
+        "tensor": PlacementRequest("medium", "tensor", min_nodes=2),
     }
     result: dict[str, object] = {"nodes": nodes, "repeats": repeats}
     for name, request in cases.items():

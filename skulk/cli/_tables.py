@@ -28,8 +28,8 @@ NODE_HEADERS = (
     "LOAD",
     "AGE",
 )
-SHARD_HEADERS = ("RANK", "NODE", "LAYERS", "RUNNER")
-PLAN_HEADERS = ("RANK", "NODE", "LAYERS", "NEED", "FREE")
+SHARD_HEADERS = ("RANK", "NODE", "LAYERS", "ADDRESS", "RUNNER")
+PLAN_HEADERS = ("RANK", "NODE", "LAYERS", "ADDRESS", "NEED", "FREE")
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -82,21 +82,30 @@ def runner_failures(instances: Sequence[JsonObject]) -> list[str]:
 
 
 def shards_table(instance: JsonObject) -> str:
-    """One instance's shards (``place``'s answer): rank, node, layers, runner phase."""
+    """One instance's shards (``place``'s answer): rank, node, layers, compute address
+    (``-`` for single), runner phase."""
     rows = [
-        (text(s.get("rank")), text(s.get("node")), layers(s.get("layers")), runner_phase(s))
+        (
+            text(s.get("rank")),
+            text(s.get("node")),
+            layers(s.get("layers")),
+            text(s.get("address")),
+            runner_phase(s),
+        )
         for s in shards_of(instance)
     ]
     return render_table(SHARD_HEADERS, rows)
 
 
 def plan_table(plan: JsonObject) -> str:
-    """A dry run's plan: rank, node, layers, the bytes the shard needs and the node has free."""
+    """A dry run's plan: rank, node, layers, compute address, the bytes the shard needs and the
+    node has free."""
     rows = [
         (
             text(s.get("rank")),
             text(s.get("node")),
             layers(s.get("layers")),
+            text(s.get("address")),
             size(s.get("need_bytes")),
             size(s.get("available_bytes")),
         )
@@ -134,8 +143,16 @@ def shards_of(obj: JsonObject) -> list[JsonObject]:
 
 
 def runner_phase(shard: JsonObject) -> str:
+    """The runner's phase; ``fetching 42%`` while its weights arrive (when the progress is
+    known)."""
     runner = shard.get("runner")
-    return text(runner.get("phase")) if isinstance(runner, Mapping) else NONE
+    if not isinstance(runner, Mapping):
+        return NONE
+    phase = text(runner.get("phase"))
+    done, total = _as_int(runner.get("bytes_done")), _as_int(runner.get("bytes_total"))
+    if phase == "fetching" and done is not None and total:
+        return f"fetching {min(100, max(0, done * 100 // total))}%"
+    return phase
 
 
 def text(value: object) -> str:

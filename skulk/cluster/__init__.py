@@ -17,11 +17,19 @@ Quick use::
 """
 
 from ._apply import apply
-from ._duties import LeaderView, Reachable, failed_nodes, next_commands
+from ._duties import (
+    VICTIM_FAILURES,
+    LeaderView,
+    Reachable,
+    culprit_nodes,
+    failed_nodes,
+    next_commands,
+)
 from ._machine import ClusterMachine, decode_result, encode_command
 from ._placement import (
     ModelNeeds,
     NoCandidateNodes,
+    NoComputePort,
     NodeCapacity,
     NotEnoughMemory,
     PlacementFailure,
@@ -31,6 +39,10 @@ from ._placement import (
     Plan,
     ShardPlan,
     UnknownModel,
+    UnsupportedSharding,
+    addresses_in_use,
+    compute_address,
+    held_bytes,
     model_needs,
     node_capacities,
     plan,
@@ -38,11 +50,13 @@ from ._placement import (
 from ._state import Instance, Node, Runner, State, state_hash
 
 __all__ = [
+    "VICTIM_FAILURES",
     "ClusterMachine",
     "Instance",
     "LeaderView",
     "ModelNeeds",
     "NoCandidateNodes",
+    "NoComputePort",
     "Node",
     "NodeCapacity",
     "NotEnoughMemory",
@@ -56,10 +70,15 @@ __all__ = [
     "ShardPlan",
     "State",
     "UnknownModel",
+    "UnsupportedSharding",
+    "addresses_in_use",
     "apply",
+    "compute_address",
+    "culprit_nodes",
     "decode_result",
     "encode_command",
     "failed_nodes",
+    "held_bytes",
     "model_needs",
     "next_commands",
     "node_capacities",

@@ -10,13 +10,24 @@ in order; the loop asks again on its next tick, so each duty only has to make pr
    holds with other addresses is upserted (``UpsertNode``: ``up`` as of now).
 2. **Down**: an ``up`` node unreachable for ``node_down_after_ms`` is committed ``down``.
 3. **Re-placement**: an instance with a shard on a node that is not ``up``, or whose runner
-   reported ``failed``, is placed again avoiding those nodes (one ``PlaceInstance`` of a new id
-   that ``replaces`` the old one: atomic, so a retry or a late commit never leaves two; the
-   instances moved in one round plan against the memory the earlier ones took); when no node
-   is left it is marked ``failed`` instead (``SetInstanceStatus``), never relaunched in an
-   endless loop. A ``failed`` instance is tried again when a plan fits (a node came back or
-   joined), and is ``placed`` again if its runners recover where they are (a crash-looping
-   runner's cool-down try succeeded).
+   reported ``failed``, is placed again (one ``PlaceInstance`` of a new id that ``replaces``
+   the old one: atomic, so a retry or a late commit never leaves two; the instances moved in
+   one round plan against the memory the earlier ones took, and the memory the replaced
+   instance holds counts as free: its runners stop when it is gone); when no node is left it
+   is marked ``failed`` instead (``SetInstanceStatus``), never relaunched in an endless loop.
+   A ``failed`` instance is tried again when a plan fits (a node came back or joined), and is
+   ``placed`` again if its runners recover where they are (a crash-looping runner's cool-down
+   try succeeded). Which nodes the new plan avoids:
+
+   * a ``single`` instance avoids its failed or down node, and every node in the view's
+     ``avoid`` for the model;
+   * a ``pipeline`` or ``tensor`` instance is re-placed whole, with the same number of ranks
+     and fresh compute addresses, whichever rank failed (one rank cannot rejoin a group whose
+     others are gone). Its **culprits** are its nodes that are down and those whose runner
+     failed for a reason of its own; a rank that failed with a :data:`VICTIM_FAILURES` reason
+     (it waited on a peer that stalled, or lost one) is not one. A culprit is avoided only once
+     it has failed the model :data:`EXCLUDE_AFTER` times (the view's ``strikes`` plus this
+     one), so a one-off crash re-places on the same nodes.
 4. **Removal**: a node ``down`` for ``node_remove_after_ms`` that holds no shard is removed
    from the State (``RemoveNode``); the loop also takes it out of the Raft membership.
 
@@ -26,7 +37,7 @@ caller, so the same view gives the same commands (tests drive every branch).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import attrs
 
@@ -37,15 +48,28 @@ from ..wire.cluster import (
     SetInstanceStatus,
     UpsertNode,
 )
+from ..wire.telemetry import ComputePorts
 from ._placement import (
     PlacementPolicy,
     PlacementRequest,
     Plan,
+    addresses_in_use,
+    held_bytes,
     model_needs,
     node_capacities,
     plan,
 )
 from ._state import Instance, State
+
+#: Runner failures that mark a rank a victim of a peer, not a culprit: it waited on a
+#: collective or on the group forming and another rank never came (``collective_timeout``,
+#: ``group_connect_timeout``), a peer's connection dropped (``collective_failed``: a peer
+#: died), or rank 0 ended the group (``group_stopped``).
+VICTIM_FAILURES = frozenset(
+    {"collective_timeout", "group_connect_timeout", "collective_failed", "group_stopped"}
+)
+#: How many failures of a distributed instance a node causes before the model avoids it.
+EXCLUDE_AFTER = 2
 
 
 @attrs.frozen
@@ -67,7 +91,14 @@ class LeaderView:
     free_bytes: Mapping[str, int]
     """Free memory per node from telemetry (a node missing here has no reading yet)."""
     avoid: Mapping[str, frozenset[str]] = attrs.field(factory=dict)
-    """Per model: nodes where its runners failed, kept out of its next placements."""
+    """Per model: nodes kept out of its next placements (where its single runners failed)."""
+    compute: Mapping[str, ComputePorts] = attrs.field(factory=dict)
+    """Compute ports per node from telemetry (a node missing here advertised none yet)."""
+    strikes: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict)
+    """Per model: how many failures of its pipeline/tensor instances each node was the
+    culprit of (see the module doc), counted by the leader while it leads."""
+    tensor_families: frozenset[str] | None = None
+    """The model families tensor sharding works for (``None``: not checked)."""
 
 
 def next_commands(
@@ -92,8 +123,9 @@ def next_commands(
     down = {c.node for c in commands if isinstance(c, NodeStatusChanged)}
     usable = {n.id for n in state.nodes if n.status == "up" and n.id not in down}
     free = dict(view.free_bytes)  # each re-placement of this round takes its share
+    taken = set(addresses_in_use(state))  # ... and its compute addresses
     for instance in state.instances:
-        commands.extend(_replace(state, instance, usable, view, free, now_ms, fresh_ids))
+        commands.extend(_replace(state, instance, usable, view, free, taken, now_ms, fresh_ids))
     holding = {s.node for i in state.instances for s in i.shards}
     for node in state.nodes:
         if (
@@ -112,12 +144,27 @@ def failed_nodes(state: State, instance: Instance) -> frozenset[str]:
     )
 
 
+def culprit_nodes(state: State, instance: Instance, down: Collection[str] = ()) -> frozenset[str]:
+    """The nodes to blame for ``instance``'s failure: those of its shards that are not ``up``
+    (in ``state``, or in ``down``: verdicts not committed yet) and those whose runner failed
+    for a reason other than a :data:`VICTIM_FAILURES` one."""
+    up = {n.id for n in state.nodes if n.status == "up"} - set(down)
+    gone = {s.node for s in instance.shards if s.node not in up}
+    own = {
+        r.node
+        for r in state.runners
+        if r.instance == instance.id and r.phase == "failed" and r.failure not in VICTIM_FAILURES
+    }
+    return frozenset(gone | own)
+
+
 def _replace(
     state: State,
     instance: Instance,
     usable: set[str],
     view: LeaderView,
     free: dict[str, int],
+    taken: set[str],
     now_ms: int,
     fresh_ids: Iterator[str],
 ) -> list[ClusterCommand]:
@@ -128,10 +175,21 @@ def _replace(
             if instance.status == "placed"
             else [SetInstanceStatus(instance.id, "placed", now_ms)]
         )
-    avoid = bad | view.avoid.get(instance.model, frozenset())
     card = state.model(instance.model)
     if card is None:  # cannot happen: apply() keeps a used model's card
         return []
+    avoid = set(view.avoid.get(instance.model, frozenset()))
+    if instance.sharding == "single":
+        avoid |= bad
+    else:
+        strikes = view.strikes.get(instance.model, {})
+        down = {n.id for n in state.nodes if n.id not in usable}
+        avoid |= {n for n, count in strikes.items() if count >= EXCLUDE_AFTER}
+        avoid |= {
+            n
+            for n in culprit_nodes(state, instance, down)
+            if strikes.get(n, 0) + 1 >= EXCLUDE_AFTER
+        }
     request = PlacementRequest(
         instance.model,
         instance.sharding,
@@ -142,15 +200,22 @@ def _replace(
     up_now = attrs.evolve(
         state, nodes=tuple(n for n in state.nodes if n.id in usable)
     )  # nodes this tick committed down are not candidates
+    trial = dict(free)  # the replaced instance's memory is freed once the move commits
+    for node, held in held_bytes(card, instance).items():
+        if node in trial:
+            trial[node] += held
     result = plan(
         request,
         {card.id: model_needs(card)},
-        node_capacities(up_now, free),
-        PlacementPolicy.from_config(state.config),
+        node_capacities(up_now, trial, view.compute),
+        PlacementPolicy.from_config(state.config, view.tensor_families),
+        taken,
     )
     if isinstance(result, Plan):
         for shard in result.shards:
-            free[shard.node] -= shard.need_bytes
+            trial[shard.node] -= shard.need_bytes
+        free.update(trial)
+        taken.update(s.address for s in result.shards if s.address)
         move = result.command(next(fresh_ids), now_ms)
         return [attrs.evolve(move, replaces=instance.id)]
     if instance.status == "placed":

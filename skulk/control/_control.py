@@ -13,10 +13,17 @@
   runs one ask at a time, planning with its own State, so two placements never plan against the
   same free memory.
 * **Leader duties**, every ``duty_interval`` s while this node leads: gather a
-  :class:`~skulk.cluster.LeaderView` (reachable nodes from the mesh, their addresses and free
-  memory from telemetry, how long the others have been unreachable) and commit what
+  :class:`~skulk.cluster.LeaderView` (reachable nodes from the mesh, their addresses, free
+  memory and compute ports from telemetry, how long the others have been unreachable, the
+  failures counted against each node per model) and commit what
   :func:`~skulk.cluster.next_commands` says — upserts, ``down`` verdicts, re-placements,
-  removals — and take removed nodes out of the Raft membership.
+  removals — and take removed nodes out of the Raft membership. A committed re-placement is
+  remembered: a ``single`` instance's failed nodes are avoided by the model from then on, and
+  each culprit of a pipeline/tensor instance's failure (:func:`~skulk.cluster.culprit_nodes`)
+  gets a strike (avoided from its second). Both are forgotten when a new term starts.
+* **Sharding**: pipeline and tensor placements get a compute address per rank (from the
+  ports each node advertises in telemetry); tensor placements are checked against the model
+  families mlx-lm can tensor-shard (:func:`tensor_families`, probed once per family).
 * **Ensure** (``ensure_model``): once the cluster has a leader, make sure the model has an
   instance (register its card, then an ``if_absent`` placement), retrying until it has one.
 """
@@ -36,6 +43,7 @@ import trio
 from skulk.cluster import (
     LeaderView,
     NoCandidateNodes,
+    NoComputePort,
     NotEnoughMemory,
     PlacementFailure,
     PlacementInfoPending,
@@ -45,9 +53,13 @@ from skulk.cluster import (
     Reachable,
     State,
     UnknownModel,
+    UnsupportedSharding,
+    addresses_in_use,
+    culprit_nodes,
     decode_result,
     encode_command,
     failed_nodes,
+    held_bytes,
     model_needs,
     next_commands,
     node_capacities,
@@ -70,6 +82,7 @@ from skulk.wire.cluster import (
     ControlReply,
     ModelCard,
     NodeRemoved,
+    NodeStatusChanged,
     Placed,
     PlaceInstance,
     PlacementAsk,
@@ -81,7 +94,9 @@ from skulk.wire.cluster import (
     RemoveNodeAsk,
     SetConfig,
 )
-from skulk.wire.telemetry import NodeReadings
+from skulk.wire.telemetry import ComputePorts, NodeReadings
+
+from ._families import tensor_families
 
 log = logging.getLogger("skulk.control")
 
@@ -137,6 +152,7 @@ class ClusterControl:
         self._ask_lock = trio.Lock()
         self._submit_lock = trio.Lock()
         self._avoid: dict[str, frozenset[str]] = {}
+        self._strikes: dict[str, dict[str, int]] = {}
         self._last_reachable: dict[str, float] = {}
         self._led_term: int | None = None
 
@@ -248,23 +264,22 @@ class ClusterControl:
         request = PlacementRequest(
             ask.model, ask.sharding, ask.nodes, ask.excluded_nodes, ask.min_nodes, ask.max_nodes
         )
+        card = state.model(ask.model)
+        families = None
+        if ask.sharding == "tensor" and card is not None:
+            families = await tensor_families([card.architecture.family])
         result = plan(
             request,
             {m.id: model_needs(m) for m in state.models},
-            node_capacities(state, self._free_bytes(state)),
-            PlacementPolicy.from_config(state.config),
+            node_capacities(state, self._free_bytes(state), self._compute()),
+            PlacementPolicy.from_config(state.config, families),
+            addresses_in_use(state),
         )
         if not isinstance(result, Plan):
             return _refusal(result)
-        if ask.sharding != "single" and not ask.dry_run:
-            return ControlRefused(
-                "unsupported_sharding",
-                f"{ask.sharding} instances are planned (dry_run shows where) but not served yet:"
-                " no runner runs a shard of a model; place it single",
-            )
         if ask.dry_run:
             shards = tuple(
-                PlannedShard(s.rank, s.node, *s.layers, s.need_bytes, s.available_bytes)
+                PlannedShard(s.rank, s.node, *s.layers, s.need_bytes, s.available_bytes, s.address)
                 for s in result.shards
             )
             return Planned(result.model, result.sharding, shards)
@@ -326,18 +341,18 @@ class ClusterControl:
             if card is None:
                 continue
             ready = {
-                (r.rank, r.node)
-                for r in state.runners
-                if r.instance == instance.id and r.phase == "ready"
+                r.node for r in state.runners if r.instance == instance.id and r.phase == "ready"
             }
-            share = model_needs(card)
-            for shard in instance.shards:
-                if shard.node in free and (shard.rank, shard.node) not in ready:
-                    fraction = (shard.end - shard.start) / max(1, share.layers)
-                    free[shard.node] -= int(share.weight_bytes * fraction)
+            for node, held in held_bytes(card, instance).items():
+                if node in free and node not in ready:
+                    free[node] -= held
         return free
 
-    def _view(self, state: State) -> LeaderView:
+    def _compute(self) -> dict[str, ComputePorts]:
+        """Compute ports per node, as advertised in telemetry."""
+        return {n: r.compute for n, r in self._readings().items() if r.compute is not None}
+
+    def _view(self, state: State, families: frozenset[str] | None) -> LeaderView:
         now = trio.current_time()
         reachable_ids = self._reachable_ids()
         readings = self._readings()
@@ -353,7 +368,15 @@ class ClusterControl:
             if known.id not in reachable_ids:
                 since = self._last_reachable.setdefault(known.id, now)
                 unreachable[known.id] = int((now - since) * 1000)
-        return LeaderView(reachable, unreachable, self._free_bytes(state), dict(self._avoid))
+        return LeaderView(
+            reachable,
+            unreachable,
+            self._free_bytes(state),
+            dict(self._avoid),
+            self._compute(),
+            {model: dict(counts) for model, counts in self._strikes.items()},
+            families,
+        )
 
     # ---- running ----
 
@@ -378,6 +401,7 @@ class ClusterControl:
                 self._led_term = stats.term
                 self._last_reachable.clear()
                 self._avoid.clear()
+                self._strikes.clear()
             try:
                 await self._duty_round(fresh)
             except ControlUnavailable as exc:
@@ -389,9 +413,15 @@ class ClusterControl:
     async def _duty_round(self, fresh: Iterator[str]) -> None:
         async with self._ask_lock:
             state = self.state
-            for command in next_commands(state, self._view(state), now_ms(), fresh):
-                if isinstance(command, PlaceInstance):
-                    self._remember_failures(state, command.model)
+            tensor_models = {i.model for i in state.instances if i.sharding == "tensor"}
+            families = await tensor_families(
+                m.architecture.family for m in state.models if m.id in tensor_models
+            )
+            commands = next_commands(state, self._view(state, families), now_ms(), fresh)
+            down = {
+                c.node for c in commands if isinstance(c, NodeStatusChanged) and c.status != "up"
+            }
+            for command in commands:
                 if self._driver.leader != self.node_id:
                     return  # deposed mid-round: the new leader decides
                 result = await self.submit(command)
@@ -399,20 +429,36 @@ class ClusterControl:
                     log.warning("leader duty %s rejected: %s", type(command).__name__, result)
                     continue
                 log.info("leader duty: %s", command)
+                if isinstance(command, PlaceInstance):
+                    self._remember_failures(state, command, down)
                 if isinstance(command, RemoveNode):
                     try:
                         await self._consensus.remove_member(command.node)
                     except (ConsensusError, ProposalRefused) as exc:
                         log.warning("could not remove %s from Raft: %s", command.node, exc)
 
-    def _remember_failures(self, state: State, model: str) -> None:
-        """A re-placement away from failed runners: keep those nodes out of the model's
-        placements while this node leads."""
-        for instance in state.instances:
-            if instance.model == model:
-                bad = failed_nodes(state, instance)
-                if bad:
-                    self._avoid[model] = self._avoid.get(model, frozenset()) | bad
+    def _remember_failures(self, state: State, move: PlaceInstance, down: set[str]) -> None:
+        """A committed re-placement (``move``, planned on ``state``; ``down``: the round's
+        verdicts): a single instance's failed nodes are kept out of the model's placements
+        while this node leads; each culprit of a pipeline/tensor instance gets a strike."""
+        old = state.instance(move.replaces) if move.replaces is not None else None
+        if old is None:
+            return
+        if old.sharding == "single":
+            bad = failed_nodes(state, old)
+            if bad:
+                self._avoid[old.model] = self._avoid.get(old.model, frozenset()) | bad
+            return
+        counts = self._strikes.setdefault(old.model, {})
+        for node in sorted(culprit_nodes(state, old, down)):
+            counts[node] = counts.get(node, 0) + 1
+            log.warning(
+                "node %s failed instance %s of %s (%d time(s) while this node leads)",
+                node,
+                old.id,
+                old.model,
+                counts[node],
+            )
 
     async def _set_config(self) -> None:
         """Commit this node's cluster-config flags, once this node is in the State (its log
@@ -485,10 +531,19 @@ def _refusal(failure: PlacementFailure) -> ControlRefused:
     match failure:
         case NotEnoughMemory(node=node, need=need, have=have, nodes=nodes):
             message = (
-                f"node {node} needs {need} bytes for this model and has {have} free "
-                f"(using {nodes} node(s))"
+                f"not enough memory on node {node} (using {nodes} node(s)): need {need} bytes, "
+                f"have {have} free (an exact fit is refused)"
             )
             return ControlRefused(failure.code, message, node=node, need=need, have=have)
+        case UnsupportedSharding(reason=reason):
+            return ControlRefused(failure.code, reason)
+        case NoComputePort(node=node, first_port=first, last_port=last):
+            return ControlRefused(
+                failure.code,
+                f"node {node} has no free compute port: {first}-{last} are all used by other "
+                "instances' ranks on its host (widen its --compute-ports)",
+                node=node,
+            )
         case UnknownModel(model=model):
             return ControlRefused(failure.code, f"no model {model!r} is registered")
         case NoCandidateNodes(reason=reason):
@@ -496,5 +551,7 @@ def _refusal(failure: PlacementFailure) -> ControlRefused:
         case PlacementInfoPending(nodes=nodes):
             waiting = ", ".join(nodes)
             return ControlRefused(
-                failure.code, f"no memory reading yet from {waiting}; try again in a moment"
+                failure.code,
+                f"no memory reading (or, for pipeline/tensor, no compute ports) yet from "
+                f"{waiting}; try again in a moment",
             )

@@ -54,9 +54,11 @@ the single consumer of ``mesh.events``)::
     gossip.nodes_json()  # the body of GET /v1/cluster/nodes
 
 See :mod:`skulk.federation._gossip` for the rounds, the replies and what is skipped.
+:class:`FetchBoard` collects this node's weight fetches in progress for its readings.
 """
 
 from ._datastream import DataReceiver, DataSender
+from ._fetchboard import FetchBoard, FetchBoardStatistics
 from ._gossip import GossipStatistics, TelemetryGossip
 from ._handshake import ClientHandshake, ServerHandshake
 from ._link import Link, RpcHandler
@@ -97,7 +99,7 @@ from ._meshview import (
     parse_join_url,
     parse_listen_address,
 )
-from ._readings import sample_readings
+from ._readings import cap_memory, sample_readings
 from ._refusal import Refusal, RefusalReason, refusal_from_close
 from ._replay import ReplayCache, ReplayCacheStatistics
 from ._secret import (
@@ -150,6 +152,8 @@ __all__ = [
     "DataSender",
     "EpochFileCorrupt",
     "Established",
+    "FetchBoard",
+    "FetchBoardStatistics",
     "GossipStatistics",
     "HandshakeFailed",
     "HandshakeState",
@@ -201,6 +205,7 @@ __all__ = [
     "TransportViolation",
     "Waiting",
     "WebSocketTransport",
+    "cap_memory",
     "join_instructions",
     "links_json",
     "load_or_create_secret",

@@ -170,6 +170,24 @@ class DataReceiver:
                 raise PeerUnreachable(closed)
             await st.lot.park()
 
+    async def peek(self) -> bytes:
+        """The next chunk's body without taking it: the next :meth:`receive` returns it
+        (grants no credit). Raises as :meth:`receive` does. For a handler that dispatches a
+        stream by its first chunk to another handler that reads that chunk itself."""
+        st = self._state
+        while True:
+            if self._done:
+                raise trio.EndOfChannel
+            if st.buffer:
+                body = st.buffer[0]
+                if st.ended and len(st.buffer) == 1 and not body:
+                    raise trio.EndOfChannel  # an empty end chunk: receive() ends the stream
+                await trio.lowlevel.checkpoint()
+                return body
+            if (closed := self._closed()) is not None:
+                raise PeerUnreachable(closed)
+            await st.lot.park()
+
     def _consumed(self) -> None:
         st = self._state
         st.consumed += 1

@@ -98,6 +98,10 @@ def rpc_peer() -> str | None:
     return _RPC_PEER.get()
 
 
+RECEIVE_BUFFER = 256 * 1024
+"""Bytes a connection reads from its socket at once. trio-websocket's default (4 KiB) costs a
+trip through the event loop per 4 KiB: weight transfers ran at ~80 MB/s, ~280 MB/s with 256 KiB."""
+
 DEFAULT_RECONNECT = RestartPolicy(
     initial_backoff=0.2, max_backoff=10.0, multiplier=2.0, jitter=0.5, reset_after=10.0
 )
@@ -247,6 +251,7 @@ class Mesh:
             port,
             self._server_ssl,
             max_message_size=config.max_frame_size,
+            receive_buffer_size=RECEIVE_BUFFER,
             connect_timeout=config.handshake_timeout,
             disconnect_timeout=config.close_timeout,
         )
@@ -443,6 +448,7 @@ class Mesh:
         return trio_websocket.open_websocket_url(
             url,
             max_message_size=config.max_frame_size,
+            receive_buffer_size=RECEIVE_BUFFER,
             connect_timeout=config.handshake_timeout,
             disconnect_timeout=config.close_timeout,
         )
@@ -480,6 +486,7 @@ class Mesh:
                         parts.netloc,
                         parts.path or "/",
                         max_message_size=config.max_frame_size,
+                        receive_buffer_size=RECEIVE_BUFFER,
                     )
             except BaseException:
                 await trio.aclose_forcefully(stream)

@@ -5,6 +5,9 @@ average and the clock. Reading is cheap (a few small reads, well under a millise
 first call, which imports ``mlx.core`` to read its version and backends (cached for the life of
 the process: neither changes while it runs), so call it once at start-up, off the event loop if
 the import is slow there.
+
+A node given ``--memory-limit`` advertises at most that much memory (:func:`cap_memory`): what
+the planner sees, so a test can make a model fit no single node on one machine.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from skulk.wire.telemetry import NodeReadings
+from skulk.wire.telemetry import MAX_FETCHES, ComputePorts, FetchProgress, NodeReadings
 
 _MEMINFO = "/proc/meminfo"
 
@@ -29,8 +32,15 @@ def sample_readings(
     api_address: str,
     *,
     sampled_at: float | None = None,
+    memory_limit: int | None = None,
+    runner_bytes: int = 0,
+    compute: ComputePorts | None = None,
+    fetches: Iterable[FetchProgress] = (),
 ) -> NodeReadings:
-    """This node's readings now. ``sampled_at`` defaults to ``time.time()``.
+    """This node's readings now. ``sampled_at`` defaults to ``time.time()``. With
+    ``memory_limit``, memory is capped as :func:`cap_memory` says (``runner_bytes``: what this
+    node's runners use now). ``compute`` and ``fetches`` are published as given (at most
+    :data:`~skulk.wire.telemetry.MAX_FETCHES` fetches).
 
     Memory comes from ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) on Linux, else from
     ``os.sysconf`` (physical pages; available pages where the platform has them, otherwise the
@@ -38,7 +48,7 @@ def sample_readings(
     A reading that fails is 0 (``load_1m`` 0.0 where there is no load average), never an
     exception: a telemetry sample must not take the node down.
     """
-    total, available = _memory()
+    total, available = cap_memory(*_memory(), memory_limit, runner_bytes)
     mlx_version, backends = _mlx_info()
     return NodeReadings(
         node_id=node_id,
@@ -53,7 +63,22 @@ def sample_readings(
         listen_addresses=tuple(listen_addresses),
         api_address=api_address,
         sampled_at=time.time() if sampled_at is None else sampled_at,
+        compute=compute,
+        fetches=tuple(fetches)[:MAX_FETCHES],
     )
+
+
+def cap_memory(
+    total: int, available: int, limit: int | None, runner_bytes: int = 0
+) -> tuple[int, int]:
+    """``(total, available)`` as a node with ``--memory-limit limit`` advertises them: at most
+    ``limit`` in all, and available at most what the limit leaves beside the memory this
+    node's runners use (``runner_bytes``); never below 0. ``limit`` ``None``: unchanged."""
+    if limit is None:
+        return total, available
+    limit = int(limit)  # an int subclass (a parsed size) is not an int on the wire
+    left = max(0, limit - max(0, int(runner_bytes)))
+    return min(total, limit), max(0, min(available, left))
 
 
 def _hostname() -> str:

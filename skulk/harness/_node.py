@@ -30,7 +30,10 @@ _FEDERATION = re.compile(r"skulk: node (\S+) of cluster .* federation listening 
 class NodeProcess:
     """One node; use as a context manager or call :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, home: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, home: Path, *extra: str, env: dict[str, str] | None = None, keep: int = 400
+    ) -> None:
+        """``keep``: how many of the node's last output lines :attr:`output` holds."""
         self.home = home
         self.extra = extra
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -38,7 +41,7 @@ class NodeProcess:
         self.url = ""
         self.ws_url = ""  # where other nodes --join this one
         self.node_id = ""
-        self.output: deque[str] = deque(maxlen=400)
+        self.output: deque[str] = deque(maxlen=keep)
         self._url_seen = threading.Event()
 
     def start(self, *, wait_ready: bool = True) -> NodeProcess:

@@ -3,6 +3,8 @@
 * :func:`write_demo_model` generates the demo model (a small Llama in mlx-lm format with a
   byte-level BPE tokenizer and chat template) deterministically from a seed;
 * :func:`ensure_demo_model` keeps one generated copy under the data dir;
+* :func:`local_manifest` describes a model directory's files and tensors with their hashes
+  (cached on disk), the manifest whose hash a model card carries;
 * :func:`resolve_model` maps a name or path to ``(model_id, directory)``, raising
   :class:`ModelNotFound` otherwise.
 
@@ -19,15 +21,27 @@ from skulk.models._demo import (
     write_demo_model,
 )
 from skulk.models._errors import ModelNotFound
+from skulk.models._manifest import (
+    LocalManifest,
+    ManifestInvalid,
+    decode_manifest,
+    encode_manifest,
+    local_manifest,
+)
 from skulk.models._resolve import available_models, resolve_model
 
 __all__ = [
     "DEFAULT_DEMO_SEED",
     "DEMO_MODEL_ID",
+    "LocalManifest",
+    "ManifestInvalid",
     "ModelNotFound",
     "available_models",
     "card_from_directory",
+    "decode_manifest",
+    "encode_manifest",
     "ensure_demo_model",
+    "local_manifest",
     "model_card",
     "model_directory",
     "resolve_model",

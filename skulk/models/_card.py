@@ -12,6 +12,7 @@ from pathlib import Path
 
 from skulk.models._demo import DEFAULT_DEMO_SEED, DEMO_MODEL_ID, ensure_demo_model
 from skulk.models._errors import ModelNotFound
+from skulk.models._manifest import local_manifest
 from skulk.models._resolve import resolve_model
 from skulk.wire.cluster import Architecture, DemoSource, ModelCard, ModelSource, PathSource
 
@@ -19,19 +20,41 @@ from skulk.wire.cluster import Architecture, DemoSource, ModelCard, ModelSource,
 DEFAULT_CONTEXT = 4096
 
 
-def model_card(name_or_path: str, home: Path) -> ModelCard:
+def model_card(name_or_path: str, home: Path, node_id: str | None = None) -> ModelCard:
     """The card of the model ``name_or_path`` resolves to on this node (slow: may generate the
-    demo model). Raises :class:`ModelNotFound`, or ``ValueError`` for a config.json that does
-    not describe a transformer we can place."""
+    demo model, or hash a model's files for its manifest the first time; blocking). Raises
+    :class:`ModelNotFound`, or ``ValueError`` for a config.json that does not describe a
+    transformer we can place (or a damaged safetensors file).
+
+    A model in a directory gets its weight manifest's hash (:mod:`skulk.models._manifest`,
+    cached under ``home``) and, with ``node_id``, that node as its holder: peers fetch its
+    weights from there. The demo model has neither (every node generates it)."""
     model_id, path = resolve_model(name_or_path, home)
-    source: ModelSource = (
-        DemoSource(DEFAULT_DEMO_SEED) if model_id == DEMO_MODEL_ID else PathSource(str(path))
+    if model_id == DEMO_MODEL_ID:
+        return card_from_directory(model_id, path, DemoSource(DEFAULT_DEMO_SEED))
+    try:
+        manifest = local_manifest(path, home)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the model's files: {exc}") from None
+    return card_from_directory(
+        model_id,
+        path,
+        PathSource(str(path)),
+        manifest_sha256=manifest.sha256,
+        holders=(node_id,) if node_id is not None else (),
     )
-    return card_from_directory(model_id, path, source)
 
 
-def card_from_directory(model_id: str, path: Path, source: ModelSource) -> ModelCard:
-    """The card of the mlx-lm model directory ``path``."""
+def card_from_directory(
+    model_id: str,
+    path: Path,
+    source: ModelSource,
+    *,
+    manifest_sha256: str | None = None,
+    holders: tuple[str, ...] = (),
+) -> ModelCard:
+    """The card of the mlx-lm model directory ``path`` (``manifest_sha256`` and ``holders``
+    are copied into it as given)."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -62,7 +85,9 @@ def card_from_directory(model_id: str, path: Path, source: ModelSource) -> Model
     )
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     context = field("max_position_embeddings", default=DEFAULT_CONTEXT)
-    return ModelCard(model_id, source, architecture, weights, context)
+    return ModelCard(
+        model_id, source, architecture, weights, context, manifest_sha256, tuple(sorted(holders))
+    )
 
 
 def model_directory(card: ModelCard, home: Path) -> Path:

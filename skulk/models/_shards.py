@@ -7,7 +7,8 @@ disagree.
 * ``single`` and ``tensor`` ranks need every tensor (a tensor rank holds a slice of each).
 * A ``pipeline`` rank holding layers ``[start, end)`` of ``layers`` needs those layers'
   tensors (``….layers.<i>.…``); the first rank also the token embedding, the last rank the
-  final norm and the output head (the embedding too when the head is tied to it). Any other
+  final norm and the output head (the embedding too when the head is tied to it: when the
+  checkpoint has no head tensor, whatever the config says). Any other
   tensor outside the layers (rare: rotary tables, extra norms) goes to every rank.
 """
 
@@ -50,7 +51,7 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def needed(name: str, shard: ShardSlice) -> bool:
+def _needed(name: str, shard: ShardSlice) -> bool:
     """Whether the rank running ``shard`` needs tensor ``name``."""
     if shard.sharding != "pipeline":
         return True
@@ -65,5 +66,10 @@ def needed(name: str, shard: ShardSlice) -> bool:
 
 
 def needed_tensors(names: Iterable[str], shard: ShardSlice) -> list[str]:
-    """The names among ``names`` the rank running ``shard`` needs, in their order."""
-    return [n for n in names if needed(n, shard)]
+    """The names among ``names`` (every tensor of the checkpoint) the rank running ``shard``
+    needs, in their order; a checkpoint without a head tensor has its head tied to the
+    embedding."""
+    names = list(names)
+    if not any(_HEAD.match(n) for n in names):
+        shard = attrs.evolve(shard, tied_embeddings=True)
+    return [n for n in names if _needed(n, shard)]

@@ -17,14 +17,15 @@ import httpx
 MODEL = "skulk-demo"
 #: Connecting to a loopback node is instant unless it is gone; do not wait long for that.
 CONNECT_TIMEOUT = 5.0
+PROMPT = "Tell me about foxes."
 
 
-def chat_body(max_tokens: int, *, stream: bool) -> dict[str, object]:
+def chat_body(max_tokens: int, *, stream: bool, prompt: str = PROMPT) -> dict[str, object]:
     """A greedy chat request: the demo model never emits EOS greedily, so it generates exactly
     ``max_tokens`` tokens."""
     return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me about foxes."}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,
@@ -42,6 +43,8 @@ class Reply:
     status: int | None
     body: object = None
     problem: str | None = None
+    #: The node that served it (the ``x-skulk-node`` header), if it says.
+    node: str | None = None
 
     def field(self, *path: str) -> object:
         """``body[path[0]][path[1]]…``, or ``None`` where that is missing."""
@@ -68,7 +71,7 @@ def request(method: str, url: str, *, budget: float, body: object = None) -> Rep
         parsed: object = r.json()
     except ValueError:
         parsed = r.text
-    return Reply(r.status_code, parsed)
+    return Reply(r.status_code, parsed, node=r.headers.get("x-skulk-node"))
 
 
 @attrs.frozen
@@ -101,6 +104,8 @@ class StreamOutcome:
     def describe(self) -> str:
         if self.status is not None and self.status != 200:
             end = f"HTTP {self.status}"
+            if self.error is not None:
+                end += f" {json.dumps(self.error)[:200]}"
         elif self.error is not None:
             end = f"error event {json.dumps(self.error)[:200]}"
         elif self.finish_reason is not None:
@@ -108,6 +113,16 @@ class StreamOutcome:
         else:
             end = self.problem or "ended without a finish or an error"
         return f"{self.tokens} tokens, then {end}"
+
+
+def _error_object(text: str) -> dict[str, object] | None:
+    """The ``error`` object of an error response's JSON body, if it has one."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else None
 
 
 def _content(chunk: dict[str, object]) -> tuple[str, str | None]:
@@ -129,12 +144,14 @@ def stream_chat(
     max_tokens: int,
     budget: float,
     on_token: Callable[[int], None] | None = None,
+    prompt: str = PROMPT,
 ) -> StreamOutcome:
     """Stream a chat completion from ``url`` for at most ``budget`` seconds.
 
     ``on_token(n)`` is called after the n-th content delta (to act mid-stream, e.g. kill
     the node). A read that blocks is cut by the read timeout (``budget``), and the budget
-    is checked between events, so the call returns within about twice ``budget``.
+    is checked between events, so the call returns within about twice ``budget``. A failure
+    before the first token is an HTTP error, not a stream: its ``error`` object is kept too.
     """
     started = time.monotonic()
     end_by = started + budget
@@ -148,14 +165,20 @@ def stream_chat(
         with httpx.stream(
             "POST",
             url + "/v1/chat/completions",
-            json=chat_body(max_tokens, stream=True),
+            json=chat_body(max_tokens, stream=True, prompt=prompt),
             timeout=_timeout(budget),
         ) as r:
             status = r.status_code
             if status != 200:
                 r.read()
                 return StreamOutcome(
-                    status, 0, started, time.monotonic(), None, problem=r.text[:300]
+                    status,
+                    0,
+                    started,
+                    time.monotonic(),
+                    None,
+                    error=_error_object(r.text),
+                    problem=r.text[:300],
                 )
             for line in r.iter_lines():
                 if not line.startswith("data: "):

@@ -53,10 +53,15 @@ def is_runner(pid: int) -> bool:
 
 class Recorder:
     """Polls one node; :meth:`start` it once the node listens, :meth:`stop` it before or
-    after the node goes away (a dead node just stops answering)."""
+    after the node goes away (a dead node just stops answering).
 
-    def __init__(self, node: int, url: str, node_pid: int) -> None:
+    With ``runners=False`` it keeps only the runner pids (a node of a cluster runs runners of
+    several instances, whose incarnations repeat: their events come from the cluster
+    timeline instead, see :class:`~skulk.repro._cluster.ClusterWatch`)."""
+
+    def __init__(self, node: int, url: str, node_pid: int, *, runners: bool = True) -> None:
         self.node = node
+        self.keep_runners = runners
         self.url = url
         self.node_pid = node_pid
         self._lock = threading.Lock()
@@ -102,10 +107,11 @@ class Recorder:
                     self._contract_errors.append(str(exc))
             return True
         with self._lock:
+            self._pids |= {v.pid for v in views if v.pid is not None}
+            if not self.keep_runners:
+                return True
             for v in views:
                 self._runners[v.incarnation] = v
-                if v.pid is not None:
-                    self._pids.add(v.pid)
             self._events = merge_events(self._events, [e for v in views for e in v.events])
         return True
 

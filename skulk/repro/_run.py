@@ -12,7 +12,7 @@ import attrs
 from skulk.models import ensure_demo_model
 from skulk.repro._scenario import Break, Check, Result, Scenario, StepFailed
 from skulk.repro._session import Session
-from skulk.repro._timeline import HEADER, format_timeline, merge_events
+from skulk.repro._timeline import HEADER, LEGEND, format_timeline, merge_events
 
 
 def run_scenario(
@@ -30,7 +30,14 @@ def run_scenario(
             return run_scenario(scenario, home=Path(tmp), breakage=breakage)
     ensure_demo_model(home)
     flags = {**scenario.flags, **(breakage.flags if breakage else {})}
-    session = Session(home, faults=scenario.faults, flags=flags, budget_s=scenario.budget_s)
+    session = Session(
+        home,
+        faults=scenario.faults,
+        flags=flags,
+        budget_s=scenario.budget_s,
+        node_faults=scenario.node_faults,
+        compute_ports=breakage.compute_ports if breakage else None,
+    )
     aborted: str | None = None
     try:
         scenario.script(session)
@@ -49,15 +56,21 @@ def run_scenario(
             raise
         finally:
             session.close()
-    contract = sorted({e for n in session.nodes for e in n.recorder.contract_errors()})
+    contract = sorted(
+        {e for n in session.nodes for e in n.recorder.contract_errors()}
+        | set(session.watch.contract_errors())
+    )
     checks = list(session.checks)
     if contract:
         checks.append(Check("diagnostics match the contract", False, "; ".join(contract)))
-    events = merge_events(*(n.recorder.events() for n in session.nodes))
+    events = merge_events(*(n.recorder.events() for n in session.nodes), session.watch.events())
+    faults = scenario.faults or "; ".join(
+        f"node {n}: {spec}" for n, spec in sorted(scenario.node_faults.items())
+    )
     result = Result(
         scenario=scenario.name,
         description=scenario.description,
-        faults=scenario.faults,
+        faults=faults,
         flags=session.flags,
         breakage=breakage.name if breakage else None,
         checks=tuple(checks),
@@ -84,6 +97,8 @@ def format_report(result: Result) -> str:
     if result.breakage:
         out.append(f"   DELIBERATELY BROKEN: {result.breakage}")
     out += ["", "-- flight-recorder timeline", HEADER]
+    if any(e.instance is not None for e in result.timeline):
+        out.append(LEGEND)
     out += format_timeline(result.timeline, result.started_at) or ["   (no events recorded)"]
     out += ["", "-- checks"]
     for c in result.checks:

@@ -20,12 +20,17 @@ class Scenario:
     ``script`` drives the node through a :class:`~skulk.repro._session.Session` (start nodes,
     send requests, record checks). Cleanup and the stray-process check are not its business:
     the session does them after the script, whatever happened.
+
+    ``faults`` go to a single node's runners (:meth:`Session.start_node`); ``node_faults`` to
+    the runners of one node of a cluster (:meth:`Session.start_cluster_node`), by the node's
+    number (1 = the first started).
     """
 
     name: str
     description: str
     script: Callable[[Session], None]
     faults: str = ""
+    node_faults: Mapping[int, str] = attrs.field(factory=dict)
     #: Node flags (without the leading ``--``) on top of :data:`~skulk.repro._session.BASE_FLAGS`.
     flags: Mapping[str, str] = attrs.field(factory=dict)
     #: Seconds the script may take in all; every wait inside it is capped by what is left.
@@ -40,6 +45,9 @@ class Break:
     name: str
     description: str
     flags: Mapping[str, str]
+    #: Each node of a cluster offers only this many compute ports (``--compute-ports``, free
+    #: ones picked per node), instead of its default range.
+    compute_ports: int | None = None
 
 
 @attrs.frozen

@@ -1,4 +1,5 @@
-"""The hang classes, one :class:`Scenario` each, and the deliberate breakages.
+"""The hang classes, one :class:`Scenario` each, and the deliberate breakages (the
+distributed ones are in :mod:`skulk.repro._distributed`).
 
 Each scenario names the fault that provokes the hang (``--runner-faults``, see
 ``skulk/runner``), the deadlines it shortens, and a script that sends real requests and
@@ -13,6 +14,7 @@ import time
 
 from skulk.harness import pid_alive
 from skulk.repro._client import chat_body, request, stream_chat
+from skulk.repro._distributed import DISTRIBUTED, DISTRIBUTED_BREAKS
 from skulk.repro._scenario import Break, Scenario
 from skulk.repro._session import MARGIN, Session
 from skulk.repro._steps import (
@@ -257,6 +259,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         faults="hang@decode:3#1",
         flags={"progress-timeout": "20"},
     ),
+    *DISTRIBUTED,
 )
 
 BREAKS: tuple[Break, ...] = (
@@ -265,6 +268,7 @@ BREAKS: tuple[Break, ...] = (
         "no progress deadline (--progress-timeout 0): a wedged runner goes unnoticed",
         {"progress-timeout": "0"},
     ),
+    *DISTRIBUTED_BREAKS,
 )
 
 

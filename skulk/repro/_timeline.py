@@ -29,6 +29,15 @@ class Event:
     kind: str
     detail: str
     request_id: str | None = None
+    #: For a runner of a cluster (the cluster timeline): its instance and rank.
+    instance: str | None = None
+    rank: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.instance is None:
+            return runner_label(self.node, self.incarnation)
+        return f"n{self.node}:{self.instance[:4]}/r{self.rank}#{self.incarnation}"
 
 
 @attrs.frozen
@@ -159,13 +168,13 @@ def runner_label(node: int, incarnation: int) -> str:
     return f"#{incarnation}" if node == 1 else f"n{node}#{incarnation}"
 
 
-HEADER = f"{'t':>9}  {'runner':<6} {'since spawn':>11}  {'event':<20} detail"
+HEADER = f"{'t':>9}  {'runner':<12} {'since spawn':>11}  {'event':<20} detail"
+LEGEND = "   (runner: nK:IIII/rR#N = rank R of instance IIII… on node K, its Nth runner)"
 
 
 def _line(e: Event, t0: float, detail: str) -> str:
     rid = f"  [{e.request_id[-12:]}]" if e.request_id else ""
-    label = runner_label(e.node, e.incarnation)
-    return f"{e.at - t0:8.3f}s  {label:<6} {e.since_spawn:10.3f}s  {e.kind:<20} {detail}{rid}"
+    return f"{e.at - t0:8.3f}s  {e.label:<12} {e.since_spawn:10.3f}s  {e.kind:<20} {detail}{rid}"
 
 
 def format_timeline(events: Iterable[Event], t0: float) -> list[str]:
@@ -204,7 +213,7 @@ def format_timeline(events: Iterable[Event], t0: float) -> list[str]:
 
 
 def _same_runner(a: Event, b: Event) -> bool:
-    return (a.node, a.incarnation) == (b.node, b.incarnation)
+    return a.label == b.label and a.instance == b.instance
 
 
 def merge_events(*groups: Sequence[Event]) -> list[Event]:

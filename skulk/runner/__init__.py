@@ -1,12 +1,19 @@
 """Runner subprocesses: the node-side :class:`Runner` and the typed failures it raises.
 
 The runner process itself is ``python -m skulk.runner`` (see ``_child.py``); its engine imports
-mlx and is never imported by the node.
+mlx and is never imported by the node. A :class:`Runner` given a
+:class:`~skulk.wire.runner.ShardSpec` is one rank of a sharded (pipeline or tensor) instance;
+:func:`open_local_group` runs all ranks of one on this machine (tests, benchmarks).
 """
 
 from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
     CancelTimeout,
+    CollectiveFailed,
+    CollectiveTimedOut,
+    GroupConnectTimeout,
+    GroupNotJoined,
+    GroupStopped,
     HelloTimeout,
     LoadFailed,
     LoadTimeout,
@@ -18,17 +25,30 @@ from skulk.runner._errors import (
     WarmupTimeout,
 )
 from skulk.runner._group import terminate_group
+from skulk.runner._local_group import (
+    LocalGroup,
+    even_layers,
+    loopback_hosts,
+    open_local_group,
+    shard_specs,
+)
 from skulk.runner._process import RequestEvent, Runner
 from skulk.runner._recorder import FlightEvent, FlightRecorder
 
 __all__ = [
     "TRANSITIONS",
     "CancelTimeout",
+    "CollectiveFailed",
+    "CollectiveTimedOut",
     "FlightEvent",
     "FlightRecorder",
+    "GroupConnectTimeout",
+    "GroupNotJoined",
+    "GroupStopped",
     "HelloTimeout",
     "LoadFailed",
     "LoadTimeout",
+    "LocalGroup",
     "Phase",
     "ProtocolError",
     "RequestEvent",
@@ -40,5 +60,9 @@ __all__ = [
     "RunnerStatistics",
     "RunnerWedged",
     "WarmupTimeout",
+    "even_layers",
+    "loopback_hosts",
+    "open_local_group",
+    "shard_specs",
     "terminate_group",
 ]

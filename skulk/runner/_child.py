@@ -13,17 +13,21 @@ Frames are written under a lock.
 The runner never outlives its node: a watchdog thread exits the process within 0.2 s of the
 parent pid changing (the node died, even by SIGKILL), and the node's socket closing ends it too.
 
-Exit codes: 0 after ``Shutdown`` or when the node closes the socket; 2 after a load failure
-(reported first as ``RunnerFailed``); 3 on a protocol error from the node; 70 when the node is
-gone; 13 from a ``crash`` fault hook.
+A ``Load`` with a shard makes the runner one rank of a sharded instance; that mode lives in
+:mod:`skulk.runner._sharded` (group formation, shard loading, the lockstep loop).
+
+Exit codes: 0 after ``Shutdown`` or when the node closes the socket (a rank > 0: also when
+rank 0 ended the group); 2 after a load failure (reported first as ``RunnerFailed``); 3 on a
+protocol error from the node; 70 when the node is gone; 13 from a ``crash`` fault hook; 71 after
+``CollectiveTimeout`` and 72 after ``RunnerFailed(collective_failed)`` (a sharded rank whose
+compute group broke, see :mod:`skulk.runner._watchdog`); killed by ``SIGALRM`` when the compute
+group did not form within its connect timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import resource
 import socket
 import threading
 import time
@@ -31,18 +35,15 @@ from pathlib import Path
 
 from skulk import __version__
 from skulk.runner._engine import Engine, Generation, RequestError
+from skulk.runner._link import EOF, Link
 from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
 from skulk.runner.faults import Faults
-from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
-from skulk.wire import FrameReader, WireError
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
     Finished,
     FinishReason,
-    FromRunner,
     Generate,
-    Heartbeat,
     Hello,
     Load,
     Loaded,
@@ -57,82 +58,44 @@ from skulk.wire.runner import (
 
 log = logging.getLogger("skulk.runner")
 
-_EOF = object()
 PARENT_GONE_EXIT_CODE = 70
 
 
-class _Link:
-    """Blocking frame I/O over the socket inherited from the node, and the heartbeat clock."""
-
-    def __init__(self, sock: socket.socket, heartbeat_interval: float) -> None:
-        self._sock = sock
-        self._lock = threading.Lock()
-        self._interval = heartbeat_interval
-        self._last_beat = time.monotonic()
-        self._seq = 0
-        self.inbox: queue.Queue[object] = queue.Queue()  # frames, Prepared prompts, _EOF
-
-    def send(self, frame: FromRunner) -> None:
-        data = FROM_RUNNER.pack(frame)
-        with self._lock:
-            self._sock.sendall(data)
-
-    def beat(self) -> None:
-        """Send a heartbeat if one is due. Call from the main loop only: it proves *that* runs."""
-        now = time.monotonic()
-        if now - self._last_beat < self._interval:
-            return
-        self._last_beat = now
-        self._seq += 1
-        self.send(Heartbeat(seq=self._seq, rss_bytes=_rss(), mlx_active_bytes=_mlx_active()))
-
-    def next_frame(self, block: bool) -> object | None:
-        """The next frame; when ``block``, wait for one, beating while idle."""
-        while True:
-            try:
-                return self.inbox.get(timeout=self._interval) if block else self.inbox.get_nowait()
-            except queue.Empty:
-                self.beat()
-                if not block:
-                    return None
-
-    def read_forever(self) -> None:
-        """Reader thread: frames onto the inbox; ``_EOF`` on close or a protocol error."""
-        reader = FrameReader(TO_RUNNER)
-        try:
-            while data := self._sock.recv(1 << 16):
-                for frame in reader.feed(data):
-                    self.inbox.put(frame)
-        except (OSError, WireError) as exc:
-            log.error("runner: link from node failed: %s", exc)
-        self.inbox.put(_EOF)
-
-
-def main(fd: int, parent_pid: int, incarnation: int, heartbeat_interval: float) -> int:
+def main(
+    fd: int,
+    parent_pid: int,
+    incarnation: int,
+    heartbeat_interval: float,
+    load_timeout: float = 600.0,
+) -> int:
     _die_with_parent(parent_pid)
     faults = Faults.from_env(incarnation)
     faults.arm()
-    link = _Link(socket.socket(fileno=fd), heartbeat_interval)
+    link = Link(socket.socket(fileno=fd), heartbeat_interval)
     threading.Thread(target=link.read_forever, name="runner-reader", daemon=True).start()
     faults.hit("hello")
     link.send(Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid(), skulk_version=__version__))
     first = link.next_frame(block=True)
     if not isinstance(first, Load):
-        return 0 if first is _EOF or isinstance(first, Shutdown) else 3
+        return 0 if first is EOF or isinstance(first, Shutdown) else 3
+    if first.shard is not None:
+        from skulk.runner._sharded import run_sharded  # mlx, distributed: only when sharded
+
+        run_sharded(link, first, first.shard, faults, load_timeout)
     try:
         try:
             engine = _load(link, first, faults)
         except (BrokenPipeError, ConnectionResetError):
             raise  # the link itself, handled below
         except Exception as exc:
-            link.send(RunnerFailed(reason=_load_failure_reason(exc), message=shorten(str(exc))))
+            link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
             return 2
         return _serve(link, engine, faults)
     except (BrokenPipeError, ConnectionResetError):
         return 0  # the node closed the link: it is stopping us
 
 
-def _load(link: _Link, load: Load, faults: Faults) -> Engine:
+def _load(link: Link, load: Load, faults: Faults) -> Engine:
     path = Path(load.model_path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no model at {path} (config.json missing)")
@@ -149,7 +112,7 @@ def _load(link: _Link, load: Load, faults: Faults) -> Engine:
     return engine
 
 
-def _load_failure_reason(exc: Exception) -> str:
+def load_failure_reason(exc: Exception) -> str:
     if isinstance(exc, FileNotFoundError):
         return "model_not_found"
     if isinstance(exc, MemoryError):
@@ -157,15 +120,15 @@ def _load_failure_reason(exc: Exception) -> str:
     return "load_error"
 
 
-def _serve(link: _Link, engine: Engine, faults: Faults) -> int:
-    requests = _Requests(link, engine)
+def _serve(link: Link, engine: Engine, faults: Faults) -> int:
+    requests = _Requests(link, engine, faults)
     while True:
         # Block for work only when idle; otherwise take what has arrived and keep decoding.
         frames = [] if requests.active else [link.next_frame(block=True)]
         while (frame := link.next_frame(block=False)) is not None:
             frames.append(frame)
         for frame in frames:
-            if frame is _EOF or isinstance(frame, Shutdown):
+            if frame is EOF or isinstance(frame, Shutdown):
                 return 0
             if isinstance(frame, Generate):
                 requests.accept(frame)
@@ -194,9 +157,10 @@ class _Requests:
     acknowledgement with zero usage, which the node needs to clear its cancel deadline.
     """
 
-    def __init__(self, link: _Link, engine: Engine) -> None:
+    def __init__(self, link: Link, engine: Engine, faults: Faults) -> None:
         self._link = link
         self._engine = engine
+        self._faults = faults
         self._preparer = PromptPreparer(engine.tokenize, link.inbox)
         self.active: dict[str, Generation] = {}
         self.waiting: dict[str, int] = {}  # request id → job number of its tokenization
@@ -221,8 +185,16 @@ class _Requests:
         if prepared.failure is not None:
             self._fail(req.request_id, *prepared.failure)
             return
+        chunks = 0
+
+        def tick() -> None:
+            nonlocal chunks
+            chunks += 1
+            self._faults.hit("prefill", chunks)
+            self._link.beat()
+
         try:
-            gen = self._engine.generation(list(prepared.tokens), req.params, tick=self._link.beat)
+            gen = self._engine.generation(list(prepared.tokens), req.params, tick=tick)
         except RequestError as exc:
             self._fail(req.request_id, exc.reason, exc.message)
         except Exception as exc:
@@ -276,18 +248,3 @@ def _die_with_parent(parent_pid: int) -> None:
     if os.getppid() != parent_pid:  # the parent died before we got here
         os._exit(PARENT_GONE_EXIT_CODE)
     threading.Thread(target=watch, name="runner-parent-watch", daemon=True).start()
-
-
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _mlx_active() -> int:
-    import mlx.core as mx
-
-    get = getattr(mx, "get_active_memory", None)
-    return int(get()) if get is not None else 0

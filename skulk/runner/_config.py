@@ -7,11 +7,15 @@ from typing import Literal
 
 import attrs
 
-Phase = Literal["spawning", "loading", "warming", "ready", "busy", "stopping", "stopped", "failed"]
+Phase = Literal[
+    "spawning", "connecting", "loading", "warming", "ready", "busy", "stopping", "stopped", "failed"
+]
 
-#: The lifecycle as data: the phases each phase may move to.
+#: The lifecycle as data: the phases each phase may move to. ``connecting`` (forming the
+#: compute group) comes only for a rank of a sharded instance.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    "spawning": frozenset({"loading", "stopping", "failed"}),
+    "spawning": frozenset({"connecting", "loading", "stopping", "failed"}),
+    "connecting": frozenset({"loading", "stopping", "failed"}),
     "loading": frozenset({"warming", "stopping", "failed"}),
     "warming": frozenset({"ready", "stopping", "failed"}),
     "ready": frozenset({"busy", "stopping", "failed"}),

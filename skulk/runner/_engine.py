@@ -177,59 +177,40 @@ def _chars_per_token(tokenizer: TokenizerWrapper) -> int | None:
     return max_chars_per_token(spec) if isinstance(spec, dict) else None
 
 
-class Generation:
-    """One request's decode state. ``step()`` yields one token per call until it finishes.
-
-    The next token is computed asynchronously while the current one is handed out, as mlx-lm's
-    own ``generate_step`` does, so the host and the device overlap.
-    """
+class TokenOutput:
+    """What one request's sampled tokens become: token ids and text to emit, and when the
+    request ends — an end-of-sequence token, a stop string, ``max_tokens`` or the context
+    limit. Holds the request's streaming detokenizer and stop matcher; no mlx. Shared by the
+    single-process :class:`Generation` and the sharded loop (where rank 0 alone emits)."""
 
     def __init__(
         self,
-        engine: Engine,
-        prompt_tokens: list[int],
+        tokenizer: TokenizerWrapper,
         params: SamplingParams,
-        tick: Callable[[], None] = lambda: None,
+        prompt_tokens: int,
+        context_length: int,
     ) -> None:
-        self._engine = engine
-        self.prompt_tokens = len(prompt_tokens)
+        self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
-        limit = engine.context_length - len(prompt_tokens)
-        self._max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
-        self._sampler = Sampler(params, engine.vocab_size)
-        self._cache = make_prompt_cache(engine.model)
-        self._detok = engine.tokenizer.detokenizer
+        limit = context_length - prompt_tokens
+        self.max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
+        self._detok = tokenizer.detokenizer
         self._stops = StopMatcher(params.stop)
-        self._eos = set(engine.tokenizer.eos_token_ids)
+        self._eos = set(tokenizer.eos_token_ids)
         self.finish_reason: FinishReason | None = None
-        self._pending = self._prefill(mx.array(prompt_tokens), tick)
 
-    def _prefill(self, prompt: mx.array, tick: Callable[[], None]) -> mx.array:
-        while prompt.size > 1:
-            n = min(PREFILL_STEP, prompt.size - 1)
-            self._engine.model(prompt[:n][None], cache=self._cache)
-            mx.eval([c.state for c in self._cache])
-            prompt = prompt[n:]
-            tick()
-        nxt = self._forward(prompt)
-        _async_eval(nxt)
-        return nxt
+    @property
+    def next_is_last(self) -> bool:
+        """Whether the next token fed is the last one ``max_tokens`` allows (so no token after
+        it needs computing)."""
+        return self.completion_tokens + 1 >= self.max_tokens
 
-    def _forward(self, tokens: mx.array) -> mx.array:
-        logits = self._engine.model(tokens[None], cache=self._cache)[:, -1, :]
-        return self._sampler(logits)
-
-    def step(self) -> Step:
-        """Hand out the next token; the returned step has ``finish_reason`` set on the last."""
+    def feed(self, token: int) -> Step:
+        """The step for the next sampled ``token``; ``finish_reason`` is set on the last."""
         if self.finish_reason is not None:
             raise RuntimeError("generation already finished")
-        current = self._pending
+        last = self.next_is_last
         self.completion_tokens += 1
-        last = self.completion_tokens >= self._max_tokens
-        if not last:
-            self._pending = self._forward(current)
-            _async_eval(self._pending)
-        token = int(cast(int, current.item()))
         if token in self._eos:
             return self._finish((), "stop")
         self._detok.add_token(token)
@@ -250,3 +231,61 @@ class Generation:
             tail, stopped = self._stops.feed(self._detok.last_segment)
             text += tail if stopped else tail + self._stops.flush()
         return Step(ids, text, reason)
+
+
+class Generation:
+    """One request's decode state. ``step()`` yields one token per call until it finishes.
+
+    The next token is computed asynchronously while the current one is handed out, as mlx-lm's
+    own ``generate_step`` does, so the host and the device overlap.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._engine = engine
+        self._out = TokenOutput(engine.tokenizer, params, len(prompt_tokens), engine.context_length)
+        self._sampler = Sampler(params, engine.vocab_size)
+        self._cache = make_prompt_cache(engine.model)
+        self._pending = self._prefill(mx.array(prompt_tokens), tick)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._out.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._out.completion_tokens
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._out.finish_reason
+
+    def _prefill(self, prompt: mx.array, tick: Callable[[], None]) -> mx.array:
+        while prompt.size > 1:
+            n = min(PREFILL_STEP, prompt.size - 1)
+            self._engine.model(prompt[:n][None], cache=self._cache)
+            mx.eval([c.state for c in self._cache])
+            prompt = prompt[n:]
+            tick()
+        nxt = self._forward(prompt)
+        _async_eval(nxt)
+        return nxt
+
+    def _forward(self, tokens: mx.array) -> mx.array:
+        logits = self._engine.model(tokens[None], cache=self._cache)[:, -1, :]
+        return self._sampler(logits)
+
+    def step(self) -> Step:
+        """Hand out the next token; the returned step has ``finish_reason`` set on the last."""
+        if self._out.finish_reason is not None:
+            raise RuntimeError("generation already finished")
+        current = self._pending
+        if not self._out.next_is_last:
+            self._pending = self._forward(current)
+            _async_eval(self._pending)
+        return self._out.feed(int(cast(int, current.item())))

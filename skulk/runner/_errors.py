@@ -60,8 +60,11 @@ class LoadFailed(RunnerError):
         self.retryable = reason not in NON_RETRYABLE_LOAD_FAILURES
 
 
-#: Load failures that relaunching cannot fix.
-NON_RETRYABLE_LOAD_FAILURES = frozenset({"model_not_found", "out_of_memory"})
+#: Load failures that relaunching cannot fix. A rank of a sharded instance is never relaunched
+#: on its own anyway (the leader re-places the whole instance); these say why.
+NON_RETRYABLE_LOAD_FAILURES = frozenset(
+    {"model_not_found", "out_of_memory", "unsupported_sharding", "group_connect_failed"}
+)
 
 
 class RunnerCrashed(RunnerError):
@@ -87,3 +90,57 @@ class RequestRejected(RunnerError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+# ---- a rank of a sharded instance -----------------------------------------------------------
+# None of these is retryable: a rank is never relaunched on its own, the leader re-places the
+# whole instance.
+
+
+class GroupConnectTimeout(RunnerError):
+    """The rank announced it was joining its compute group, and the group was not formed
+    within ``ShardSpec.connect_timeout`` (a peer never came, or came too late)."""
+
+    reason = "group_connect_timeout"
+    retryable = False
+
+
+class GroupNotJoined(RunnerError):
+    """The rank never even started joining its compute group within
+    ``ShardSpec.connect_timeout`` (it hung before: a stuck load of the model's config, a fault
+    hook)."""
+
+    reason = "group_not_joined"
+    retryable = False
+
+
+class CollectiveTimedOut(RunnerError):
+    """One distributed evaluation of the rank did not complete within
+    ``ShardSpec.collective_timeout``: a peer is stopped, wedged or unreachable. The message
+    names the collective and the lockstep step (``all_sum(control) at step 57 took > 10s``)."""
+
+    reason = "collective_timeout"
+    retryable = False
+
+
+class CollectiveFailed(RunnerError):
+    """A distributed evaluation of the rank failed: a peer's connection was lost (a peer
+    process died; the ring backend notices at once, without waiting for a deadline)."""
+
+    reason = "collective_failed"
+    retryable = False
+
+
+class GroupStopped(RunnerError):
+    """Rank 0 ended the compute group (its node stopped the instance's rank 0), so this rank
+    exited with it."""
+
+    reason = "group_stopped"
+    retryable = False
+
+
+#: ``RunnerFailed`` reasons that are failures of the compute group, with their error types.
+GROUP_FAILURES: dict[str, type[RunnerError]] = {
+    CollectiveFailed.reason: CollectiveFailed,
+    GroupStopped.reason: GroupStopped,
+}

@@ -2,7 +2,7 @@
 
 :meth:`Runner.run` spawns the process in its own process group and drives its lifecycle::
 
-    spawning → loading(n/total) → warming → ready ⇄ busy → stopping → stopped
+    spawning → [connecting →] loading(n/total) → warming → ready ⇄ busy → stopping → stopped
     failed(reason) from any state
 
 Every wait on the runner has a deadline, each a typed :class:`~skulk.runner.RunnerError`:
@@ -13,15 +13,32 @@ failure, shutdown or cancellation from outside — every open request's channel 
 (so no caller waits for a client-side timeout), and the whole process group is terminated
 (SIGTERM, ``shutdown_grace``, SIGKILL) and reaped. Each runner keeps a
 :class:`~skulk.runner.FlightRecorder`, written to the log when a deadline fires.
+
+**A rank of a sharded instance** (``shard`` given) first forms its compute group
+(``connecting``): within ``shard.connect_timeout`` of ``Load`` the runner must announce
+``GroupJoining`` and then ``GroupJoined`` — else :class:`GroupNotJoined` (it never started
+joining) or :class:`GroupConnectTimeout` (it started, the group did not form). Once serving,
+its compute-group failures are typed: :class:`CollectiveTimedOut` (its watchdog fired: a peer is
+stopped or wedged), :class:`CollectiveFailed` (a peer's connection was lost),
+:class:`GroupStopped` (rank 0 ended the group); the runner's ``CollectiveTrace`` entries go into
+the flight recorder with the runner's wall-clock times. None of these is retryable: a rank is
+never relaunched on its own. Its progress deadline holds whenever it serves, requests or not
+(the lockstep loop keeps every rank beating), so a SIGSTOPped rank is reported wedged by its
+own node. Only rank 0 takes requests: :meth:`Runner.open_request` refuses on any other rank with
+``RequestRejected("not_rank_zero")``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
+import sys
+import termios
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,7 +47,11 @@ import trio
 
 from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
+    GROUP_FAILURES,
     CancelTimeout,
+    CollectiveTimedOut,
+    GroupConnectTimeout,
+    GroupNotJoined,
     HelloTimeout,
     LoadFailed,
     LoadTimeout,
@@ -49,9 +70,14 @@ from skulk.wire import FrameReader, FrameTooLarge, WireError
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
+    CollectiveEntry,
+    CollectiveTimeout,
+    CollectiveTrace,
     Finished,
     FromRunner,
     Generate,
+    GroupJoined,
+    GroupJoining,
     Heartbeat,
     Hello,
     Load,
@@ -61,6 +87,8 @@ from skulk.wire.runner import (
     RequestFailed,
     RunnerFailed,
     SamplingParams,
+    ShardSpec,
+    Shutdown,
     TokenChunk,
     ToRunner,
     WarmedUp,
@@ -73,11 +101,20 @@ RequestEvent = TokenChunk | Finished | RequestFailed
 #: ``client_too_slow`` (the runner's reader never waits for one consumer).
 REQUEST_BUFFER = 1024
 TAIL_LINES = 64
+#: A watchdog that wakes this much later than its deadline was not running itself: its node was
+#: paused (SIGSTOP, a suspended machine) or its event loop starved. The silence is then the
+#: node's, not the runner's (what the runner sent meanwhile is still unread in the socket, or
+#: the runner was paused too): the deadlines restart from now instead of firing. So they do
+#: when the runner's socket holds bytes not read yet, however late the watchdog is. Once per
+#: silence: a runner still silent a full deadline later is wedged, however late the node is
+#: again.
+PAUSE_SLACK = 1.0
 
 
 class Runner:
-    """One runner subprocess serving one model. Create it, then ``await nursery.start(r.run)``
-    (``start`` returns once the model is loaded and warm) and use :meth:`open_request`."""
+    """One runner subprocess serving one model, or one rank of a sharded instance of it
+    (``shard``). Create it, then ``await nursery.start(r.run)`` (``start`` returns once the
+    model is loaded and warm: for a shard, on every rank) and use :meth:`open_request`."""
 
     def __init__(
         self,
@@ -87,10 +124,13 @@ class Runner:
         *,
         incarnation: int = 1,
         on_phase: Callable[[Runner], None] | None = None,
+        shard: ShardSpec | None = None,
     ) -> None:
         self.model_id = model_id
         self.model_path = model_path
         self.config = config or RunnerConfig()
+        self.shard = shard
+        self.world: int | None = None  # the compute group's size, once joined
         self.incarnation = incarnation
         self.phase: Phase = "spawning"
         self.failure: RunnerError | None = None
@@ -107,6 +147,7 @@ class Runner:
         self._inflight: dict[str, bool] = {}  # request id → first token seen
         self._cancel_deadlines: dict[str, float] = {}
         self._last_progress = 0.0
+        self._excused: float | None = None  # _last_progress as restarted after a node pause
         self._watchdog: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -114,6 +155,7 @@ class Runner:
         self._cancelled = 0
         self._memory: tuple[int, int] | None = None
         self._exit_code: int | None = None
+        self._proc: trio.Process | None = None
 
     # ---- public ---------------------------------------------------------------------------
 
@@ -157,7 +199,14 @@ class Runner:
         :class:`RequestRejected` for a request the link cannot carry (a lone surrogate in a
         string, a non-finite number, a frame over the size limit) — that request alone fails —
         and ``ValueError`` for a request id still in use (active, or its Cancel unanswered).
+        On a rank other than 0 of a sharded instance every request is refused with
+        :class:`RequestRejected` (``not_rank_zero``): rank 0 serves for the whole group.
         """
+        if self.shard is not None and self.shard.rank != 0:
+            raise RequestRejected(
+                "not_rank_zero",
+                f"rank {self.shard.rank} of a sharded instance takes no requests; rank 0 does",
+            )
         if self.phase not in ("ready", "busy"):
             raise RunnerCrashed(f"runner is {self.phase}")
         if (
@@ -206,6 +255,7 @@ class Runner:
         finally:
             child_sock.close()
         self._pid = proc.pid
+        self._proc = proc
         self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
         self.recorder.record("phase", f"spawning pid {proc.pid}")
         log.info("runner %s#%d: started pid %d", self.model_id, self.incarnation, proc.pid)
@@ -248,6 +298,8 @@ class Runner:
                 str(self.incarnation),
                 "--heartbeat-interval",
                 str(self.config.heartbeat_interval),
+                "--load-timeout",
+                str(self.config.load_timeout),
             ],
             pass_fds=(child_sock.fileno(),),
             start_new_session=True,
@@ -284,8 +336,15 @@ class Runner:
             raise ProtocolError(
                 f"runner speaks protocol {hello.protocol_version}, node {PROTOCOL_VERSION}"
             )
-        self._transition("loading")
-        await self._send(Load(model_path=self.model_path, model_id=self.model_id))
+        load = Load(model_path=self.model_path, model_id=self.model_id, shard=self.shard)
+        if self.shard is None:
+            self._transition("loading")
+            await self._send(load)
+        else:
+            self._transition("connecting")
+            await self._send(load)
+            await self._connect(frames, self.shard)
+            self._transition("loading")
         with trio.move_on_after(cfg.load_timeout) as load_scope:
             while not isinstance(frame := await _next(frames), Loaded):
                 if isinstance(frame, LoadProgress):
@@ -297,14 +356,62 @@ class Runner:
                     self._expect_while("loading", frame)
             self.context_length = frame.context_length
         if load_scope.cancelled_caught:
-            self._deadline_fired("load_timeout")
+            self._deadline_fired("load_timeout", cfg.load_timeout)
             raise LoadTimeout(f"model not loaded within {cfg.load_timeout:g}s")
         self._transition("warming")
         warmed = await self._within(cfg.warmup_timeout, "warmup_timeout", WarmupTimeout, frames)
         if not isinstance(warmed, WarmedUp):
             raise ProtocolError(f"expected WarmedUp, got {type(warmed).__name__}")
+        self._last_progress = trio.current_time()
         self._transition("ready", f"context {self.context_length}")
         log.info("runner %s#%d: ready", self.model_id, self.incarnation)
+
+    async def _connect(self, frames: AsyncIterator[FromRunner], shard: ShardSpec) -> None:
+        """Wait for the runner to join its compute group: ``GroupJoining`` then
+        ``GroupJoined``, within ``shard.connect_timeout`` of ``Load``."""
+        joining = False
+        with trio.move_on_after(shard.connect_timeout):
+            while True:
+                try:
+                    frame = await _next(frames)
+                except RunnerCrashed:
+                    raise await self._crashed_connecting(joining, shard) from None
+                if isinstance(frame, GroupJoining):
+                    joining = True
+                    self.recorder.record("group", f"joining as rank {shard.rank} of {shard.world}")
+                elif isinstance(frame, GroupJoined):
+                    self.world = frame.world
+                    self.recorder.record("group", f"joined: {frame.world} ranks")
+                    return
+                else:
+                    self._expect_while("connecting", frame)
+        self._deadline_fired("connect_timeout", shard.connect_timeout)
+        hosts = ", ".join(shard.hosts)
+        if joining:
+            raise GroupConnectTimeout(
+                f"rank {shard.rank}: the compute group ({hosts}) did not form within "
+                f"{shard.connect_timeout:g}s",
+                tail=self.output_tail,
+            )
+        raise GroupNotJoined(
+            f"rank {shard.rank} did not start joining its compute group within "
+            f"{shard.connect_timeout:g}s",
+            tail=self.output_tail,
+        )
+
+    async def _crashed_connecting(self, joining: bool, shard: ShardSpec) -> RunnerError:
+        """The runner exited while connecting: its own alarm (``SIGALRM``: the group did not
+        form in time) or a crash."""
+        assert self._proc is not None
+        with trio.move_on_after(1):
+            await self._proc.wait()
+        if joining and self._proc.returncode == -signal.SIGALRM:
+            return GroupConnectTimeout(
+                f"rank {shard.rank}: the compute group did not form within "
+                f"{shard.connect_timeout:g}s (the runner's own alarm)",
+                tail=self.output_tail,
+            )
+        return RunnerCrashed("runner exited while joining its compute group", tail=self.output_tail)
 
     async def _within(
         self,
@@ -317,21 +424,47 @@ class Runner:
         with trio.move_on_after(seconds):
             while True:
                 frame = await _next(frames)
-                if isinstance(frame, RunnerFailed):
-                    raise LoadFailed(frame.reason, frame.message, tail=self.output_tail)
-                if not isinstance(frame, Heartbeat):
+                if not self._background(frame, LoadFailed):
                     return frame
-                self._heartbeat(frame)
-        self._deadline_fired(name)
+        self._deadline_fired(name, seconds)
         raise error(f"nothing within {seconds:g}s ({name})")
 
     def _expect_while(self, phase: str, frame: FromRunner) -> None:
-        if isinstance(frame, RunnerFailed):
-            raise LoadFailed(frame.reason, frame.message, tail=self.output_tail)
+        if not self._background(frame, LoadFailed):
+            raise ProtocolError(f"unexpected {type(frame).__name__} while {phase}")
+
+    def _background(self, frame: FromRunner, failed: Callable[[str, str], RunnerError]) -> bool:
+        """Handle a frame that may come at any time (heartbeat, collective trace) and return
+        True, or raise the failure a frame reports (``failed`` makes one for a
+        ``RunnerFailed`` that is not a compute-group failure); False for any other frame."""
         if isinstance(frame, Heartbeat):
             self._heartbeat(frame)
-            return
-        raise ProtocolError(f"unexpected {type(frame).__name__} while {phase}")
+        elif isinstance(frame, CollectiveTrace):
+            self._trace(frame.entries, frame.dropped)
+        elif isinstance(frame, CollectiveTimeout):
+            self._trace(frame.recent, 0)
+            self._deadline_fired("collective_timeout", frame.seconds)
+            raise CollectiveTimedOut(
+                f"{frame.collective} at step {frame.step} took > {frame.seconds:g}s",
+                tail=self.output_tail,
+            )
+        elif isinstance(frame, RunnerFailed):
+            group_failure = GROUP_FAILURES.get(frame.reason)
+            if group_failure is not None:
+                raise group_failure(frame.message, tail=self.output_tail)
+            failure = failed(frame.reason, frame.message)
+            failure.tail = self.output_tail
+            raise failure
+        else:
+            return False
+        return True
+
+    def _trace(self, entries: tuple[CollectiveEntry, ...], dropped: int) -> None:
+        if dropped:
+            self.recorder.record("collective", f"({dropped} routine entries left out)")
+        for e in entries:  # recorded when they completed: a wait shows up after its cause
+            detail = f"{e.collective} step {e.step} took {e.seconds * 1e3:.1f} ms"
+            self.recorder.record("collective", f"{detail} {e.detail}".rstrip(), at=e.at + e.seconds)
 
     # ---- serving --------------------------------------------------------------------------
 
@@ -340,11 +473,7 @@ class Runner:
             self._last_progress = trio.current_time()
             if isinstance(frame, (TokenChunk, Finished, RequestFailed)):
                 self._deliver(frame)
-            elif isinstance(frame, Heartbeat):
-                self._heartbeat(frame)
-            elif isinstance(frame, RunnerFailed):
-                raise RunnerCrashed(f"{frame.reason}: {frame.message}", tail=self.output_tail)
-            else:
+            elif not self._background(frame, _crashed):
                 raise ProtocolError(f"unexpected {type(frame).__name__} while serving")
             self._rearm()
         raise RunnerCrashed("runner closed its socket", tail=self.output_tail)
@@ -435,7 +564,7 @@ class Runner:
         if self._watchdog is None:
             return
         deadline = math.inf
-        if self._inflight and self.config.progress_timeout > 0:
+        if self._expects_progress() and self.config.progress_timeout > 0:
             deadline = self._last_progress + self.config.progress_timeout
         if self._cancel_deadlines:
             deadline = min(deadline, *self._cancel_deadlines.values())
@@ -450,25 +579,67 @@ class Runner:
                 await trio.sleep_forever()
             self._watchdog = None
             now = trio.current_time()
+            if self._excused != self._last_progress and (why := self._paused(now - scope.deadline)):
+                self._excuse_pause(now, why)
+                continue
             late = sorted(r for r, d in self._cancel_deadlines.items() if d <= now)
             if late:
-                self._deadline_fired("cancel_timeout")
+                self._deadline_fired("cancel_timeout", self.config.cancel_timeout)
                 raise CancelTimeout(
                     f"cancel of {late[0]} not acknowledged within {self.config.cancel_timeout:g}s",
                     tail=self.output_tail,
                 )
             timeout = self.config.progress_timeout
-            if self._inflight and timeout > 0 and now >= self._last_progress + timeout:
-                self._deadline_fired("progress_timeout")
+            if self._expects_progress() and timeout > 0 and now >= self._last_progress + timeout:
+                self._deadline_fired("progress_timeout", timeout)
+                what = (
+                    f"{len(self._inflight)} request(s) active"
+                    if self._inflight
+                    else f"rank {self.shard.rank if self.shard else 0} of a sharded instance"
+                )
                 raise RunnerWedged(
-                    f"{len(self._inflight)} request(s) active and nothing from the runner "
-                    f"for {timeout:g}s",
+                    f"{what} and nothing from the runner for {timeout:g}s",
                     tail=self.output_tail,
                 )
             # The deadline moved after it passed: re-arm and keep watching.
 
-    def _deadline_fired(self, name: str) -> None:
-        self.recorder.record("deadline", f"{name} ({self.config.deadlines()[name]:g}s)")
+    def _paused(self, overslept: float) -> str:
+        """Why the silence the watchdog woke to (``overslept`` seconds after its deadline) is
+        this node's own, or ``""`` (see :data:`PAUSE_SLACK`)."""
+        unread = 0
+        if self._stream is not None:
+            try:
+                raw = fcntl.ioctl(self._stream.socket.fileno(), termios.FIONREAD, b"\0" * 4)
+                unread = int.from_bytes(raw, sys.byteorder)
+            except OSError:
+                pass
+        if unread:
+            return f"{unread} bytes from the runner not read yet"
+        if overslept > PAUSE_SLACK:
+            return f"the watchdog woke {overslept:.1f}s after its deadline"
+        return ""
+
+    def _excuse_pause(self, now: float, why: str) -> None:
+        """This node was not running on time (``why``): restart the progress window and the
+        cancel deadlines from now instead of failing the runner."""
+        self.recorder.record("paused", f"this node was paused: {why}; its deadlines restart")
+        log.warning(
+            "runner %s#%d: this node was paused or starved (%s): not blaming the runner",
+            self.model_id,
+            self.incarnation,
+            why,
+        )
+        self._last_progress = self._excused = now
+        for request_id in self._cancel_deadlines:
+            self._cancel_deadlines[request_id] = now + self.config.cancel_timeout
+
+    def _expects_progress(self) -> bool:
+        """Whether the runner must be heard from within the progress deadline: while it works
+        on requests, and always for a rank of a sharded instance (its loop never stops)."""
+        return bool(self._inflight) or self.shard is not None
+
+    def _deadline_fired(self, name: str, seconds: float) -> None:
+        self.recorder.record("deadline", f"{name} ({seconds:g}s)")
         self.recorder.dump(log, f"runner {self.model_id}#{self.incarnation}: {name} fired")
 
     # ---- I/O ------------------------------------------------------------------------------
@@ -525,10 +696,16 @@ class Runner:
         log.info("runner %s#%d[%s]: %s", self.model_id, self.incarnation, self._pid, line)
 
     async def _stop(self, proc: trio.Process) -> None:
-        """Fail open requests at once, then terminate the process group and reap it."""
+        """Fail open requests at once, then terminate the process group and reap it.
+
+        A serving rank of a sharded instance is first asked to ``Shutdown`` and given
+        ``shutdown_grace`` to exit by itself: rank 0 then ends the whole compute group cleanly
+        (the other ranks report ``group_stopped`` instead of a lost peer)."""
+        graceful = self.shard is not None and self.phase in ("ready", "busy")
         if self.phase != "failed":
             self._transition("stopping")
-        with trio.move_on_after(2 * self.config.shutdown_grace + 1, shield=True):
+        bound = (3 if graceful else 2) * self.config.shutdown_grace + 1
+        with trio.move_on_after(bound, shield=True):
             why = self.failure.reason if self.failure else "runner_stopped"
             for rid in self._inflight:
                 self.recorder.record("request.fail", why, rid)
@@ -537,6 +714,13 @@ class Runner:
             self._requests.clear()
             self._inflight.clear()
             self._cancel_deadlines.clear()
+            if graceful:
+                with trio.move_on_after(self.config.shutdown_grace):
+                    try:
+                        await self._send(Shutdown())
+                    except RunnerError:
+                        pass  # gone already
+                    await proc.wait()
             if self._stream is not None:
                 await self._stream.aclose()
             await terminate_group(
@@ -549,6 +733,10 @@ class Runner:
         if self.phase != "failed":
             self._transition("stopped")
         log.info("runner %s#%d: exited with %s", self.model_id, self.incarnation, proc.returncode)
+
+
+def _crashed(reason: str, message: str) -> RunnerError:
+    return RunnerCrashed(f"{reason}: {message}")
 
 
 def _too_slow(request_id: str) -> RequestFailed:

@@ -8,10 +8,15 @@ passes to its runners in their environment; never by anything a request carries.
     ignore-sigterm
 
 * actions: ``crash`` (exit at once with code 13), ``hang`` (block the runner's main thread
-  forever: no frames, no heartbeats), ``slow`` (sleep ARG seconds in every decode step);
-* phases: ``hello`` (before sending Hello), ``load`` (during the model load), ``warm`` (during
-  the warm-up generation), ``decode`` (inside a decode step; ARG = after that many tokens of a
-  request, default 0), ``cancel`` (while handling a Cancel);
+  forever: no frames, no heartbeats), ``slow`` (sleep ARG seconds at every hit of its phase:
+  ``decode`` and ``prefill`` only);
+* phases: ``hello`` (before sending Hello), ``connect`` (a rank of a sharded instance, before it
+  announces ``GroupJoining``: ``hang@connect`` is a rank that never joins its group), ``load``
+  (during the model load), ``warm`` (before the warm-up generation), ``prefill`` (between two
+  prefill chunks of a prompt, on every rank of a sharded instance; ARG = after that many
+  chunks of the request, default 0; for ``slow``, the seconds), ``decode`` (inside a decode
+  step; ARG = after that many tokens of a request, default 0), ``cancel`` (while handling a
+  Cancel; rank 0 only);
 * ``#N`` limits the item to the runner's Nth incarnation (the node's first runner is 1, its
   relaunches 2, 3, …); without it the item applies to every incarnation;
 * ``ignore-sigterm`` makes the runner ignore SIGTERM, so only the SIGKILL that follows the
@@ -31,9 +36,11 @@ ENV = "SKULK_RUNNER_FAULTS"
 CRASH_EXIT_CODE = 13
 
 Action = Literal["crash", "hang", "slow"]
-Phase = Literal["hello", "load", "warm", "decode", "cancel"]
+Phase = Literal["hello", "connect", "load", "warm", "prefill", "decode", "cancel"]
 _ACTIONS: tuple[Action, ...] = ("crash", "hang", "slow")
-_PHASES: tuple[Phase, ...] = ("hello", "load", "warm", "decode", "cancel")
+_PHASES: tuple[Phase, ...] = ("hello", "connect", "load", "warm", "prefill", "decode", "cancel")
+#: Phases whose hits are counted (tokens of a request in ``decode``, chunks in ``prefill``).
+_COUNTED: tuple[Phase, ...] = ("prefill", "decode")
 
 
 class FaultSpecError(ValueError):
@@ -81,13 +88,14 @@ class Faults:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def hit(self, phase: Phase, count: int = 0) -> None:
-        """Call at ``phase`` (``count`` = tokens of the request so far in ``decode``)."""
+        """Call at ``phase`` (``count``: tokens of the request so far in ``decode``, prefill
+        chunks of the request done in ``prefill``)."""
         for fault in self.items:
             if fault.phase != phase:
                 continue
             if fault.action == "slow":
                 threading.Event().wait(fault.arg)
-            elif phase != "decode" or count >= fault.arg:
+            elif phase not in _COUNTED or count >= fault.arg:
                 if fault.action == "crash":
                     os._exit(CRASH_EXIT_CODE)
                 threading.Event().wait()  # hang: block this thread forever
@@ -109,6 +117,6 @@ def _parse_item(raw: str) -> Fault:
         raise FaultSpecError(f"bad fault {raw!r}: ARG must be a number, N an integer") from None
     if value < 0 or (number is not None and number < 1):
         raise FaultSpecError(f"bad fault {raw!r}: ARG must be >= 0 and N >= 1")
-    if action == "slow" and phase != "decode":
-        raise FaultSpecError(f"bad fault {raw!r}: slow applies to the decode phase only")
+    if action == "slow" and phase not in _COUNTED:
+        raise FaultSpecError(f"bad fault {raw!r}: slow applies to the decode and prefill phases")
     return Fault(action, phase, value, number)

@@ -260,6 +260,8 @@ class PlannedShard:
     end: int
     need_bytes: int
     available_bytes: int
+    address: str = ""
+    """The rank's compute-group address (``host:port``); empty for a ``single`` plan."""
 
 
 @attrs.frozen
@@ -287,8 +289,9 @@ class NodeRemoved:
 @attrs.frozen
 class ControlRefused:
     """A typed refusal: a placement failure's name (``not_enough_memory`` with ``node``,
-    ``need``, ``have``; ``no_candidate_nodes``; ``unknown_model``; ``placement_info_pending``),
-    a State rejection's reason, or ``not_leader`` / ``no_quorum``."""
+    ``need``, ``have``; ``no_candidate_nodes``; ``unknown_model``; ``placement_info_pending``;
+    ``unsupported_sharding``; ``no_compute_port`` with ``node``), a State rejection's reason,
+    or ``not_leader`` / ``no_quorum``."""
 
     code: str
     message: str

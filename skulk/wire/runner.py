@@ -3,7 +3,8 @@
 Parent → runner: :class:`Load`, :class:`Generate`, :class:`Cancel`, :class:`Shutdown`.
 Runner → parent: :class:`Hello`, :class:`LoadProgress`, :class:`Loaded`, :class:`WarmedUp`,
 :class:`TokenChunk`, :class:`Finished`, :class:`RequestFailed`, :class:`RunnerFailed`,
-:class:`Heartbeat`.
+:class:`Heartbeat`, and for one rank of a sharded instance :class:`GroupJoining`,
+:class:`GroupJoined`, :class:`CollectiveTrace`, :class:`CollectiveTimeout`.
 
 A conversation: the runner starts and sends ``Hello``; the parent checks the protocol version and
 sends ``Load``; the runner answers ``LoadProgress`` frames then ``Loaded`` (or ``RunnerFailed``),
@@ -16,6 +17,15 @@ Cancel was on its way), an acknowledgement with zero usage; the parent clears it
 deadline on that answer only. ``Shutdown`` asks the runner to exit cleanly. The runner sends
 ``Heartbeat`` every heartbeat interval from its main loop (idle, or between decode/prefill
 steps), so silence means it is wedged, not merely busy.
+
+A rank of a sharded instance (``Load.shard`` set) first forms the instance's compute group: it
+sends ``GroupJoining`` right before it starts joining and ``GroupJoined`` once every rank is in,
+then loads (only the tensors its shard needs), and the warm-up runs on all ranks together.
+Only rank 0 takes ``Generate`` / ``Cancel``; every rank heartbeats. While serving, each rank
+sends at most one ``CollectiveTrace`` per heartbeat interval: its compute-group operations since
+the last one, stamped with wall-clock time. A collective that outlives its deadline makes the
+rank send ``CollectiveTimeout`` and exit; a collective that fails (a peer's connection lost) is
+``RunnerFailed(reason="collective_failed")``.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -76,9 +86,37 @@ class Usage:
 
 
 @attrs.frozen
+class ShardSpec:
+    """One rank's part of a sharded instance.
+
+    ``hosts`` are the ``host:port`` compute-group (``mlx.distributed`` ring) endpoints of every
+    rank, by rank (the world size is ``len(hosts)``); this rank listens on ``hosts[rank]``.
+    ``[start, end)`` are the layers this rank runs (``tensor``: every layer, ``0..layers``).
+    ``connect_timeout`` bounds forming the group (every rank must start joining within it),
+    ``collective_timeout`` any one distributed evaluation once formed (seconds): it must exceed
+    the longest step, a prefill chunk of 512 tokens through the whole model.
+    """
+
+    sharding: Literal["pipeline", "tensor"]
+    rank: int
+    hosts: tuple[str, ...]
+    start: int
+    end: int
+    connect_timeout: float
+    collective_timeout: float
+
+    @property
+    def world(self) -> int:
+        return len(self.hosts)
+
+
+@attrs.frozen
 class Load:
+    """Load ``model_path``; ``shard`` set: as one rank of a sharded instance."""
+
     model_path: str
     model_id: str
+    shard: ShardSpec | None = None
 
 
 @attrs.frozen
@@ -169,6 +207,53 @@ class Heartbeat:
     mlx_active_bytes: int
 
 
+@attrs.frozen
+class GroupJoining:
+    """Sent right before the rank starts joining its compute group."""
+
+
+@attrs.frozen
+class GroupJoined:
+    """Every rank of the compute group is connected; ``world`` ranks in all."""
+
+    world: int
+
+
+@attrs.frozen
+class CollectiveEntry:
+    """One compute-group operation of a rank: ``collective`` (``barrier(loaded)``,
+    ``broadcast(control)``, ``forward(prefill)``, ``forward(decode)``) at lockstep ``step``,
+    started at wall-clock time ``at`` (seconds since the epoch, the rank's clock), lasting
+    ``seconds``; ``detail`` says what the step carried (e.g. ``open 2``, ``free 1``), often
+    empty."""
+
+    at: float
+    collective: str
+    step: int
+    seconds: float
+    detail: str = ""
+
+
+@attrs.frozen
+class CollectiveTrace:
+    """A rank's compute-group operations since its previous trace (at most one per heartbeat
+    interval); ``dropped`` routine entries were left out to keep the frame small."""
+
+    entries: tuple[CollectiveEntry, ...]
+    dropped: int = 0
+
+
+@attrs.frozen
+class CollectiveTimeout:
+    """``collective`` at lockstep ``step`` did not complete within ``seconds``: a peer is stuck
+    or gone. ``recent`` are the rank's last operations before it. The rank exits after this."""
+
+    collective: str
+    step: int
+    seconds: float
+    recent: tuple[CollectiveEntry, ...] = ()
+
+
 ToRunner = Load | Generate | Cancel | Shutdown
 FromRunner = (
     Hello
@@ -180,4 +265,8 @@ FromRunner = (
     | RequestFailed
     | RunnerFailed
     | Heartbeat
+    | GroupJoining
+    | GroupJoined
+    | CollectiveTrace
+    | CollectiveTimeout
 )

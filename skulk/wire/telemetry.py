@@ -34,6 +34,27 @@ import attrs
 
 
 @attrs.frozen
+class ComputePorts:
+    """Where a node's runners join compute groups: ``host`` (the host its peers reach it at)
+    and the ports ``[first_port, last_port]`` it lets the leader give ranks placed on it."""
+
+    host: str
+    first_port: int
+    last_port: int
+
+
+@attrs.frozen
+class FetchProgress:
+    """A rank of ``instance`` placed on this node is fetching its weights from a peer:
+    ``bytes_done`` of ``bytes_total`` are here."""
+
+    instance: str
+    rank: int
+    bytes_done: int
+    bytes_total: int
+
+
+@attrs.frozen
 class NodeReadings:
     """One sample of a node's state, taken by that node.
 
@@ -43,7 +64,10 @@ class NodeReadings:
     one-minute load average (0.0 where the platform has none). ``listen_addresses`` are the
     federation endpoints (``"ws://host:port"``), ``api_address`` the HTTP API's
     (``"http://host:port"``). ``sampled_at`` is the node's wall clock (seconds since the Unix
-    epoch) when sampled: for display only, never for ordering.
+    epoch) when sampled: for display only, never for ordering. ``compute`` is where the node's
+    runners can join compute groups (``None``: not advertised yet; the leader places no rank of
+    a pipeline or tensor instance there until it is); ``fetches`` lists the ranks fetching
+    weights from a peer now, with their progress (at most :data:`MAX_FETCHES`).
     """
 
     node_id: str
@@ -58,6 +82,12 @@ class NodeReadings:
     listen_addresses: tuple[str, ...]
     api_address: str
     sampled_at: float
+    compute: ComputePorts | None = None
+    fetches: tuple[FetchProgress, ...] = ()
+
+
+#: The most fetches one node's readings list (the readings stay small whatever is placed).
+MAX_FETCHES = 64
 
 
 @attrs.frozen

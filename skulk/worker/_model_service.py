@@ -1,8 +1,12 @@
-"""One model served on this node by one runner, relaunched with backoff when it fails.
+"""One model (or one rank of a sharded model) served on this node by one runner.
 
-:class:`ModelService` resolves the model (generating the built-in demo model on first use),
-starts a :class:`~skulk.runner.Runner`, and relaunches it with exponential backoff when it fails
-for a reason relaunching could fix. :meth:`ModelService.generate` is what the API calls: it
+:class:`ModelService` resolves the model (generating the built-in demo model on first use, or
+fetching the weights from a peer), starts a :class:`~skulk.runner.Runner`, and relaunches it
+with exponential backoff when it fails for a reason relaunching could fix. A rank of a pipeline
+or tensor instance (``shard``) is different: once its weights are here it waits until every
+rank's are (``group_ready``), and it is never relaunched alone — one rank cannot rejoin a
+compute group whose other ranks are gone — so its failure is final for this instance and the
+leader re-places the whole instance. :meth:`ModelService.generate` is what the API calls: it
 yields text deltas and ends with a :class:`Generation` summary, or raises a typed
 :class:`RequestFailure` — it never waits on a runner that is gone.
 """
@@ -14,7 +18,7 @@ import math
 import random
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
 from typing import Literal
@@ -29,13 +33,27 @@ from skulk.wire.runner import (
     Prompt,
     RequestFailed,
     SamplingParams,
+    ShardSpec,
     Usage,
 )
 from skulk.worker._coalesce import coalesce
 
 log = logging.getLogger("skulk.worker")
 
-State = Literal["resolving", "loading", "warming", "ready", "restarting", "failed", "stopped"]
+State = Literal[
+    "resolving",
+    "staged",
+    "connecting",
+    "loading",
+    "warming",
+    "ready",
+    "restarting",
+    "failed",
+    "stopped",
+]
+"""``resolving``: getting the weights here (generating, or fetching from a peer); ``staged``: a
+rank whose weights are here, waiting for the other ranks'; ``connecting``: its runner is
+joining the compute group."""
 
 #: Runners (the current one and the ones before it) whose flight recorders are kept.
 KEPT_RUNNERS = 4
@@ -102,15 +120,20 @@ class ModelService:
     def __init__(
         self,
         model_id: str,
-        resolve: Callable[[], Path],
+        resolve: Callable[[], Awaitable[Path]],
         runner_config: RunnerConfig | None = None,
         policy: RestartPolicy = RUNNER_RESTARTS,
         cooldown: CooldownPolicy = CRASH_LOOP_COOLDOWN,
         rng: random.Random | None = None,
         stream_interval: float = 0.0,
+        *,
+        shard: ShardSpec | None = None,
+        group_ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.model_id = model_id
+        self.shard = shard
         self._resolve = resolve
+        self._group_ready = group_ready
         self._runner_config = runner_config or RunnerConfig()
         self._breaker = HalfOpenBreaker(policy, cooldown, rng or random.Random())
         self._stream_interval = stream_interval
@@ -133,8 +156,9 @@ class ModelService:
     def retry_now(self) -> bool:
         """An operator's "try again": end a failed model's cool-down (or its wait for an
         operator, after a failure relaunching cannot fix) at once. Returns False, changing
-        nothing, unless the model is failed — a working runner is never restarted."""
-        if self._status.state != "failed" or self._retry is None:
+        nothing, unless the model is failed — a working runner is never restarted — or this is
+        a rank of a sharded instance (only re-placing the whole instance brings it back)."""
+        if self._status.state != "failed" or self._retry is None or self.shard is not None:
             return False
         log.warning("model %s: retry requested by an operator", self.model_id)
         self._retry.set()
@@ -155,13 +179,19 @@ class ModelService:
     async def _keep_up(self) -> float | None:
         """Run runners until the model fails; return the cool-down before the next try
         (``None``: wait for an operator)."""
+        self._set(state="resolving")
         try:
-            path = await trio.to_thread.run_sync(self._resolve)
+            path = await self._resolve()
         except Exception as exc:
-            reason = "model_not_found" if isinstance(exc, LookupError) else "model_unavailable"
+            reason = getattr(exc, "reason", None)
+            if not isinstance(reason, str):
+                reason = "model_not_found" if isinstance(exc, LookupError) else "model_unavailable"
             self._set(state="failed", failure_reason=reason, failure_message=str(exc))
             log.error("model %s: %s", self.model_id, exc)
             return None
+        if self._group_ready is not None:
+            self._set(state="staged")
+            await self._group_ready()
         while True:
             self._incarnation += 1
             runner = Runner(
@@ -170,9 +200,10 @@ class ModelService:
                 self._runner_config,
                 incarnation=self._incarnation,
                 on_phase=self._follow,
+                shard=self.shard,
             )
             self._recent.append(runner)
-            self._set(state="loading", loaded=0, total=0)
+            self._set(state="connecting" if self.shard else "loading", loaded=0, total=0)
             started = trio.current_time()
             try:
                 async with trio.open_nursery() as nursery:
@@ -190,12 +221,15 @@ class ModelService:
             self._runner = None
             failure = runner.failure or RunnerCrashed("runner stopped unexpectedly")
             self._set(failure_reason=failure.reason, failure_message=failure.message)
-            if not failure.retryable:
+            if not failure.retryable or self.shard is not None:
                 self._set(state="failed")
                 log.error(
-                    "model %s failed: %s (retry: POST /v1/diagnostics/node/retry)",
+                    "model %s failed: %s (%s)",
                     self.model_id,
                     failure,
+                    "the leader re-places the instance"
+                    if self.shard is not None
+                    else "retry: POST /v1/diagnostics/node/retry",
                 )
                 return None
             decision = self._breaker.record_crash(
@@ -272,7 +306,7 @@ class ModelService:
     def _follow(self, runner: Runner) -> None:
         """Mirror a starting runner's progress in the model's status."""
         loaded, total = runner.progress
-        if runner.phase in ("loading", "warming"):
+        if runner.phase in ("connecting", "loading", "warming"):
             self._set(state=runner.phase, loaded=loaded, total=total)
 
     def _set(self, **changes: object) -> None:

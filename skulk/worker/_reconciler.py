@@ -7,6 +7,11 @@ longer assigns here is stopped (cancelling the scope terminates and reaps its ru
 else starts or stops a runner: a leader change, a lost link or a re-election changes no
 assignment, so it never restarts one.
 
+A rank of a pipeline or tensor instance gets its weights first (phase ``fetching``), then reports
+``connecting`` and waits (:meth:`Reconciler.wait_group`) until every rank of its instance has
+reported at least ``connecting`` before its runner joins the compute group: the group-connect
+deadline then measures the group forming, not a peer still fetching its weights.
+
 Each service's phase is reported into the State (``ReportRunner``) whenever it differs from
 what the State records for it — only phase changes go through the log, never per-token
 traffic; a report that cannot commit now is tried again on the next change or tick.
@@ -22,7 +27,14 @@ import attrs
 import trio
 
 from skulk.cluster import State
-from skulk.wire.cluster import ClusterResult, ModelCard, ReportRunner, RunnerPhase
+from skulk.wire.cluster import (
+    ClusterResult,
+    ModelCard,
+    ReportRunner,
+    RunnerPhase,
+    Shard,
+    Sharding,
+)
 
 from ._model_service import ModelService, ModelStatus
 
@@ -45,27 +57,47 @@ class StateView(Protocol):
     async def wait_change(self, seen: int) -> None: ...
 
 
-ServiceFactory = Callable[[str, ModelCard], ModelService]
-"""``(instance id, card) -> ModelService`` for a new assignment."""
 Reporter = Callable[[ReportRunner], Awaitable[ClusterResult]]
+
+#: Runner phases at which a rank's weights are here and it can join its compute group.
+JOINABLE: frozenset[RunnerPhase] = frozenset({"connecting", "loading", "ready"})
 
 
 @attrs.frozen
 class Assignment:
+    """Rank ``rank`` of ``instance`` (a ``sharding`` instance of ``card``'s model, all of
+    whose ``shards`` are listed) runs on this node."""
+
     instance: str
     rank: int
     card: ModelCard
+    sharding: Sharding
+    shards: tuple[Shard, ...]
+
+    @property
+    def shard(self) -> Shard:
+        return self.shards[self.rank]
+
+
+ServiceFactory = Callable[[Assignment], ModelService]
+"""The :class:`ModelService` for a new assignment."""
 
 
 def phase_of(status: ModelStatus) -> tuple[RunnerPhase, str | None]:
     """A model service's state as the runner phase (and failure) the State records."""
-    if status.state == "ready":
-        return "ready", None
-    if status.state == "failed":
-        return "failed", status.failure_reason or "failed"
-    if status.state == "stopped":
-        return "stopped", None
-    return "loading", None  # resolving, loading, warming, restarting
+    match status.state:
+        case "ready":
+            return "ready", None
+        case "failed":
+            return "failed", status.failure_reason or "failed"
+        case "stopped":
+            return "stopped", None
+        case "resolving":
+            return "fetching", None
+        case "staged" | "connecting":
+            return "connecting", None
+        case _:  # loading, warming, restarting
+            return "loading", None
 
 
 class Reconciler:
@@ -100,13 +132,25 @@ class Reconciler:
         wanted: dict[str, Assignment] = {}
         state = self._view.state
         for instance in state.instances:
-            if instance.sharding != "single":  # no runner serves a shard yet (issue 11)
-                continue
+            card = state.model(instance.model)
             for shard in instance.shards:
-                card = state.model(instance.model)
                 if shard.node == self.node_id and card is not None:
-                    wanted[instance.id] = Assignment(instance.id, shard.rank, card)
+                    wanted[instance.id] = Assignment(
+                        instance.id, shard.rank, card, instance.sharding, instance.shards
+                    )
         return wanted
+
+    async def wait_group(self, instance: str) -> None:
+        """Return once every rank of ``instance`` has reported at least ``connecting`` (its
+        weights are local); while the instance is gone, wait until cancelled (the reconciler
+        stops its service)."""
+        while True:
+            seen = self._view.applied
+            state = self._view.state
+            ranks = [r for r in state.runners if r.instance == instance]
+            if state.instance(instance) is not None and all(r.phase in JOINABLE for r in ranks):
+                return
+            await self._view.wait_change(seen)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -141,7 +185,7 @@ class Reconciler:
                 assignment.card.id,
                 assignment.rank,
             )
-            service = self._make(instance, assignment.card)
+            service = self._make(assignment)
             scope = trio.CancelScope()
             self._assigned[instance] = assignment
             self._scopes[instance] = scope

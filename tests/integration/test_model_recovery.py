@@ -32,9 +32,12 @@ async def until(service: ModelService, check: Callable[[ModelStatus], bool]) -> 
 
 
 def service(model_dir: Path, faults: str, cooldown: CooldownPolicy) -> ModelService:
+    async def resolve() -> Path:
+        return model_dir
+
     return ModelService(
         "skulk-demo",
-        lambda: model_dir,
+        resolve,
         RunnerConfig(faults=faults),
         policy=QUICK,
         cooldown=cooldown,

@@ -1,9 +1,9 @@
 """The hang repro scripts, run as a user runs them: ``python -m skulk.repro …``.
 
-Every scenario must detect its hang, recover and leave no process behind (exit 0); a node
-started deliberately without a progress deadline must make ``runner-wedged-mid-decode``
-fail (exit 1), and still be cleaned up. The timeline helpers are checked on a sample
-diagnostics document.
+Every scenario must detect its hang, recover and leave no process behind (exit 0); every
+deliberate breakage must make its scenario fail (exit 1) at the check its detector guards —
+after the hang was provoked — and still be cleaned up. The timeline helpers are checked on
+sample diagnostics documents.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pytest
 
 from skulk.models import ensure_demo_model
 from skulk.repro import BREAKS, SCENARIOS
-from skulk.repro._timeline import DiagnosticsError, format_timeline, parse_runners
+from skulk.repro._cluster import parse_instances
+from skulk.repro._timeline import DiagnosticsError, Event, format_timeline, parse_runners
 
 #: A scenario takes 10-20 s; this only stops a broken run from blocking the suite.
 RUN_TIMEOUT = 240
@@ -52,6 +53,10 @@ def test_list_names_every_scenario_and_breakage() -> None:
         "runner-ignores-sigterm",
         "runner-crash-loop",
         "parent-killed",
+        "rank-stopped-mid-decode",
+        "rank-killed-mid-prefill",
+        "rank-never-joins",
+        "serving-node-silent",
     }
     assert required <= {s.name for s in SCENARIOS}
     assert {s.name for s in SCENARIOS} | {b.name for b in BREAKS} <= names
@@ -94,6 +99,70 @@ def test_without_a_progress_deadline_the_wedge_goes_undetected(home: Path) -> No
     assert checks["no stray processes"]["passed"] is True
     assert checks["node 1 shut down cleanly on SIGTERM"]["passed"] is True
     assert any(e["kind"] == "request.first_token" for e in report["timeline"])
+
+
+#: Each distributed breakage, the scenario it breaks, a check that must still pass (the hang
+#: was provoked), and the check that must fail with what its detail must say.
+DISTRIBUTED_BREAKS = [
+    (
+        "rank-stopped-mid-decode",
+        "collective-watchdog",
+        "was SIGSTOPped mid-decode",
+        "the stream ended with the typed error collective_timeout",
+        "client deadline",
+    ),
+    (
+        "rank-killed-mid-prefill",
+        "one-compute-port",
+        "the request ended with a typed error",
+        "the leader re-placed the instance and it serves again",
+        "marked it failed",
+    ),
+    (
+        "rank-never-joins",
+        "group-connect-deadline",
+        "3 nodes formed one cluster",
+        "the first placement failed and was re-placed within the connect deadline",
+        "connecting",
+    ),
+    (
+        "serving-node-silent",
+        "link-deadlines",
+        "was SIGSTOPped mid-stream",
+        "the stream ended with the typed error node_unreachable",
+        "client deadline",
+    ),
+]
+
+
+def test_every_breakage_is_tested() -> None:
+    tested = {b for _, b, *_ in DISTRIBUTED_BREAKS} | {"progress-deadline"}
+    assert tested == {b.name for b in BREAKS}
+
+
+@pytest.mark.parametrize(
+    ("name", "breakage", "provoked", "failing", "why"),
+    DISTRIBUTED_BREAKS,
+    ids=[b for _, b, *_ in DISTRIBUTED_BREAKS],
+)
+def test_a_distributed_breakage_makes_its_scenario_fail(
+    home: Path, name: str, breakage: str, provoked: str, failing: str, why: str
+) -> None:
+    """Negative controls: with its detector (or, for a killed rank, its recovery) disabled
+    the scenario fails at the check that detector guards — and still cleans up."""
+    result = repro("run", name, "--break", breakage, "--json", "--home", str(home))
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] is False and report["break"] == breakage
+    checks = report["checks"]
+    assert any(provoked in c["name"] and c["passed"] for c in checks), checks
+    failed = [c for c in checks if not c["passed"]]
+    assert [c["name"] for c in failed] == [failing], failed
+    assert why in failed[0]["detail"], failed[0]
+    assert report["aborted"].endswith(failing)
+    stopped = [c for c in checks if c["name"].endswith("shut down cleanly on SIGTERM")]
+    assert stopped and all(c["passed"] for c in stopped), stopped
+    assert any(c["name"] == "no stray processes" and c["passed"] for c in checks)
 
 
 def _event(at: float, kind: str, detail: str = "", request_id: str | None = None) -> object:
@@ -169,3 +238,39 @@ def test_timeline_of_a_sample_diagnostics_document() -> None:
 def test_diagnostics_of_another_shape_are_refused_with_the_path(doc: object, path: str) -> None:
     with pytest.raises(DiagnosticsError, match=re.escape(f"@ {path}")):
         parse_runners(doc)
+
+
+def test_instances_documents_and_cluster_labels() -> None:
+    doc = {
+        "instances": [
+            {
+                "id": "bc0dbc2cc897",
+                "model": "skulk-demo",
+                "sharding": "pipeline",
+                "status": "placed",
+                "shards": [
+                    {
+                        "rank": r,
+                        "node": f"node-{r}",
+                        "layers": [r, r + 1],
+                        "address": f"127.0.0.1:{4000 + r}",
+                        "runner": {"phase": "ready", "failure": "x" if r else None},
+                    }
+                    for r in (0, 1)
+                ],
+            }
+        ]
+    }
+    (inst,) = parse_instances(doc)
+    assert inst.nodes == ("node-0", "node-1") and inst.ready
+    assert inst.addresses == {"127.0.0.1:4000", "127.0.0.1:4001"}
+    assert [s.failure for s in inst.shards] == [None, "x"]
+    broken = json.loads(json.dumps(doc))
+    broken["instances"][0]["shards"][1]["rank"] = "1"
+    with pytest.raises(DiagnosticsError, match=re.escape("@ $.instances[0].shards[1].rank")):
+        parse_instances(broken)
+    event = Event(
+        2, 1, 1000.5, 0.5, "deadline", "collective_timeout (5s)", instance=inst.id, rank=1
+    )
+    (line,) = format_timeline([event], t0=1000.0)
+    assert line.split()[:4] == ["0.500s", "n2:bc0d/r1#1", "0.500s", "deadline"]

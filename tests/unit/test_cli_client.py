@@ -61,6 +61,7 @@ INSTANCE_B = {
             "rank": 1,
             "node": "node-bbbb",
             "layers": [16, 32],
+            "address": "10.0.0.2:53416",
             "runner": {"phase": "failed", "failure": "out of memory loading layer 20"},
         },
     ],
@@ -98,7 +99,13 @@ PLAN = {
             "need_bytes": 3 * GiB,
             "available_bytes": 10 * GiB,
         },
-        {"rank": 1, "node": "node-bbbb", "layers": [16, 32], "need_bytes": 512 * 1024**2},
+        {
+            "rank": 1,
+            "node": "node-bbbb",
+            "layers": [16, 32],
+            "need_bytes": 512 * 1024**2,
+            "address": "10.0.0.2:53417",
+        },
     ],
 }
 
@@ -149,15 +156,18 @@ def test_nodes_table_shows_status_memory_load_and_age() -> None:
 
 def test_plan_and_shard_tables() -> None:
     assert plan_table(PLAN).splitlines() == [
-        "RANK  NODE       LAYERS  NEED       FREE",
-        "0     node-aaaa  0:16    3.0 GiB    10.0 GiB",
-        "1     node-bbbb  16:32   512.0 MiB  -",
+        "RANK  NODE       LAYERS  ADDRESS         NEED       FREE",
+        "0     node-aaaa  0:16    -               3.0 GiB    10.0 GiB",
+        "1     node-bbbb  16:32   10.0.0.2:53417  512.0 MiB  -",
     ]
     assert shards_table(INSTANCE_B).splitlines() == [
-        "RANK  NODE       LAYERS  RUNNER",
-        "0     node-aaaa  0:16    ready",
-        "1     node-bbbb  16:32   failed",
+        "RANK  NODE       LAYERS  ADDRESS         RUNNER",
+        "0     node-aaaa  0:16    -               ready",
+        "1     node-bbbb  16:32   10.0.0.2:53416  failed",
     ]
+    fetching = {"shards": [{"rank": 0, "runner": {"phase": "fetching", "bytes_done": 30,
+                                                  "bytes_total": 120}}]}  # fmt: skip
+    assert shards_table(fetching).splitlines()[1].split()[-2:] == ["fetching", "25%"]
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,11 @@ recovery and removal, driven through the real ``apply()`` so every command is on
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
-from skulk.cluster import LeaderView, Reachable, State, apply, next_commands
+from skulk.cluster import LeaderView, Reachable, State, apply, culprit_nodes, next_commands
 from skulk.wire.cluster import (
     Applied,
     Architecture,
@@ -20,8 +22,10 @@ from skulk.wire.cluster import (
     ReportRunner,
     SetInstanceStatus,
     Shard,
+    Sharding,
     UpsertNode,
 )
+from skulk.wire.telemetry import ComputePorts
 
 GIB = 1 << 30
 CARD = ModelCard("m", DemoSource(1), Architecture("llama", 4, 64, 4, 4, 100), GIB, 128)
@@ -133,3 +137,136 @@ def test_a_node_that_comes_back_is_up_again() -> None:
     state = run(cluster(), [NodeStatusChanged("c", "down", 1)])
     view = LeaderView(here("a", "b", "c"), {}, FREE)
     assert next_commands(state, view, 21, iter(())) == [UpsertNode("c", "http://c", "ws://c", 21)]
+
+
+# ---- pipeline and tensor instances: re-placed whole -------------------------------------------
+
+PORTS = {n: ComputePorts(f"10.0.0.{i}", 7000, 7007) for i, n in enumerate("abcd")}
+
+
+def distributed(sharding: Sharding = "pipeline") -> State:
+    """Nodes a, b, c, d up; model m; instance p0 of two ranks on a and b."""
+    state = run(State(), [UpsertNode(n, f"http://{n}", f"ws://{n}", 0) for n in "abcd"])
+    ranges = [(0, 2), (2, 4)] if sharding == "pipeline" else [(0, 4), (0, 4)]
+    shards = tuple(Shard(r, node, *ranges[r], f"10.0.0.{r}:7000") for r, node in enumerate("ab"))
+    return run(state, [RegisterModel(CARD), PlaceInstance("p0", "m", sharding, shards, 0)])
+
+
+def view(free: dict[str, int] | None = None, **kwargs: Any) -> LeaderView:
+    return LeaderView(here("a", "b", "c", "d"), {}, free or dict.fromkeys("abcd", 8 * GIB),
+                      compute=PORTS, **kwargs)  # fmt: skip
+
+
+def replace_once(state: State, v: LeaderView, fresh: str = "p1") -> tuple[PlaceInstance, State]:
+    """The one command the duties give now (a whole re-placement), applied."""
+    (move,) = next_commands(state, v, 50, iter([fresh]))
+    assert isinstance(move, PlaceInstance) and move.replaces == "p0"
+    return move, run(state, [move])
+
+
+def nodes_of(move: PlaceInstance) -> list[str]:
+    return sorted(s.node for s in move.shards)
+
+
+def test_a_one_off_crash_re_places_the_whole_instance_on_the_same_nodes() -> None:
+    state = run(distributed(), [ReportRunner("p0", 1, "b", "failed", "runner_crashed", 5)])
+    assert culprit_nodes(state, state.instances[0]) == frozenset({"b"})
+    move, after = replace_once(state, view())
+    assert move.sharding == "pipeline" and len(move.shards) == 2
+    assert nodes_of(move) == ["a", "b"]  # the freed memory makes them the roomiest again
+    old = {s.address for s in state.instances[0].shards}
+    new = [s.address for s in move.shards]
+    assert all(new) and len(set(new)) == 2 and not old & set(new)  # fresh addresses
+    assert [i.id for i in after.instances] == ["p1"]
+    assert [(r.rank, r.phase) for r in after.runners] == [(0, "pending"), (1, "pending")]
+
+
+def test_a_culprit_with_a_strike_already_is_avoided() -> None:
+    state = run(distributed(), [ReportRunner("p0", 1, "b", "failed", "group_not_joined", 5)])
+    move, _ = replace_once(state, view(strikes={"m": {"b": 1}}))
+    assert "b" not in nodes_of(move) and "a" in nodes_of(move)
+    # Two strikes avoid a node even when it is not to blame this time.
+    state = run(distributed(), [ReportRunner("p0", 0, "a", "failed", "wedged", 5)])
+    move, _ = replace_once(state, view(strikes={"m": {"b": 2}}))
+    assert "b" not in nodes_of(move)
+
+
+def test_victims_are_not_culprits() -> None:
+    state = run(distributed(), [
+        ReportRunner("p0", 0, "a", "failed", "collective_timeout", 5),
+        ReportRunner("p0", 1, "b", "failed", "load_error", 6),
+    ])  # fmt: skip
+    assert culprit_nodes(state, state.instances[0]) == frozenset({"b"})
+    move, _ = replace_once(state, view(strikes={"m": {"a": 1, "b": 1}}))
+    assert "a" in nodes_of(move) and "b" not in nodes_of(move)
+    # A crash seen from the other rank: its peer's connection dropped. Only the crash counts.
+    state = run(distributed(), [
+        ReportRunner("p0", 0, "a", "failed", "collective_failed", 5),
+        ReportRunner("p0", 1, "b", "failed", "runner_crashed", 6),
+    ])  # fmt: skip
+    assert culprit_nodes(state, state.instances[0]) == frozenset({"b"})
+    # Every rank a victim (the group never formed, say): nobody is to blame, same nodes.
+    state = run(distributed(), [
+        ReportRunner("p0", 0, "a", "failed", "group_connect_timeout", 5),
+        ReportRunner("p0", 1, "b", "failed", "group_connect_timeout", 6),
+    ])  # fmt: skip
+    assert culprit_nodes(state, state.instances[0]) == frozenset()
+    move, _ = replace_once(state, view(strikes={"m": {"a": 1, "b": 1}}))
+    assert nodes_of(move) == ["a", "b"]
+
+
+def test_a_down_node_is_a_culprit_and_the_instance_moves_off_it() -> None:
+    state = distributed()
+    late = LeaderView(here("a", "c", "d"), {"b": 5000}, dict.fromkeys("acd", 8 * GIB),
+                      compute=PORTS)  # fmt: skip
+    commands = next_commands(state, late, 60, iter(["p1"]))
+    assert commands[0] == NodeStatusChanged("b", "down", 60)
+    move = commands[1]
+    assert isinstance(move, PlaceInstance) and move.replaces == "p0"
+    assert "b" not in nodes_of(move) and len(move.shards) == 2
+    assert culprit_nodes(state, state.instances[0], down={"b"}) == frozenset({"b"})
+    run(state, commands)
+
+
+def test_the_replaced_instance_memory_counts_as_free_on_its_nodes() -> None:
+    state = run(distributed(), [ReportRunner("p0", 1, "b", "failed", "runner_crashed", 5)])
+    # A rank needs 0.6 GiB + the 512 MiB floor (+ a little KV); a and b show 0.75 GiB free
+    # beside the 0.5 GiB of weights p0 holds on each; c and d have too little.
+    free = {"a": 3 * GIB // 4, "b": 3 * GIB // 4, "c": GIB // 4, "d": GIB // 4}
+    move, _ = replace_once(state, view(free))
+    assert nodes_of(move) == ["a", "b"]
+
+
+def test_a_distributed_instance_with_nowhere_to_go_is_marked_failed() -> None:
+    state = run(distributed(), [ReportRunner("p0", 1, "b", "failed", "runner_crashed", 5)])
+    tiny = dict.fromkeys("abcd", GIB // 8)
+    assert next_commands(state, view(tiny), 70, iter(["p1"])) == [
+        SetInstanceStatus("p0", "failed", 70)
+    ]
+    # No compute ports advertised yet: no plan either (and no instance with empty addresses).
+    bare = LeaderView(here("a", "b", "c", "d"), {}, dict.fromkeys("abcd", 8 * GIB))
+    assert next_commands(state, bare, 71, iter(["p1"])) == [SetInstanceStatus("p0", "failed", 71)]
+
+
+def test_tensor_instances_are_re_placed_with_their_rank_count_and_family_check() -> None:
+    state = run(distributed("tensor"), [ReportRunner("p0", 0, "a", "failed", "wedged", 5)])
+    move, _ = replace_once(state, view(tensor_families=frozenset({"llama"})))
+    assert move.sharding == "tensor" and [(s.start, s.end) for s in move.shards] == [(0, 4)] * 2
+    refused = next_commands(state, view(tensor_families=frozenset()), 80, iter(["p1"]))
+    assert refused == [SetInstanceStatus("p0", "failed", 80)]
+
+
+def test_moves_in_one_round_get_distinct_fresh_addresses() -> None:
+    state = distributed()
+    shards = (Shard(0, "c", 0, 2, "10.0.0.2:7000"), Shard(1, "d", 2, 4, "10.0.0.3:7000"))
+    state = run(state, [PlaceInstance("q0", "m", "pipeline", shards, 0),
+                        ReportRunner("p0", 0, "a", "failed", "runner_crashed", 5),
+                        ReportRunner("q0", 1, "d", "failed", "runner_crashed", 5)])  # fmt: skip
+    commands = next_commands(state, view(), 90, iter(["p1", "q1"]))
+    moves = [c for c in commands if isinstance(c, PlaceInstance)]
+    assert [m.replaces for m in moves] == ["p0", "q0"]
+    addresses = [s.address for m in moves for s in m.shards]
+    held = {s.address for i in state.instances for s in i.shards}
+    assert len(set(addresses)) == 4 and not held & set(addresses)
+    after = run(state, commands)
+    assert sorted(i.id for i in after.instances) == ["p1", "q1"]

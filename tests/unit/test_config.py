@@ -106,3 +106,37 @@ def test_cluster_flags_become_cluster_config_changes() -> None:
         parse(["--node-down-after", "0"])
     with pytest.raises(ValueError, match="--max-queue"):
         parse(["--max-queue", "0"])
+
+
+def test_memory_limit_takes_sizes_with_suffixes() -> None:
+    assert parse([]).memory_limit is None
+    assert parse(["--memory-limit", "512M"]).memory_limit == 512 * 1024 * 1024
+    assert type(parse(["--memory-limit", "2G"]).memory_limit) is int  # exact, for the wire
+    assert parse([], {"SKULK_MEMORY_LIMIT": "1.5GiB"}).memory_limit == 3 * 1024**3 // 2
+    assert parse(["--memory-limit", "2g"]).memory_limit == 2 * 1024**3
+    assert parse(["--memory-limit", "1000"]).memory_limit == 1000
+    for bad in ("lots", "-1G", "0", "1.5.2G", "2X", "1e9"):
+        with pytest.raises(ValueError, match="--memory-limit"):
+            parse([f"--memory-limit={bad}"])
+
+
+def test_compute_ports_default_from_the_federation_port_or_as_given() -> None:
+    config = parse([])
+    # Nodes on one machine listen on different federation ports: their ranges differ too.
+    assert config.compute_port_range(52416) == (53416, 53447)
+    assert config.compute_port_range(52426) == (53426, 53457)
+    assert config.compute_port_range(65000) == (63968, 63999)  # below, when above would pass
+    assert parse(["--compute-ports", "7000-7009"]).compute_port_range(52416) == (7000, 7009)
+    for bad in ("7000", "7009-7000", "0-10", "7000-70000", "a-b", "7000:7009"):
+        with pytest.raises(ValueError, match="--compute-ports"):
+            parse(["--compute-ports", bad])
+
+
+def test_compute_host_defaults_to_the_listen_host_but_never_a_wildcard() -> None:
+    config = parse([])
+    assert config.compute_host_for("10.1.2.3") == "10.1.2.3"
+    assert config.compute_host_for("0.0.0.0") not in ("", "0.0.0.0")
+    assert parse(["--compute-host", "gpu7.lan"]).compute_host_for("0.0.0.0") == "gpu7.lan"
+    for bad in ("0.0.0.0", "::", "a b"):
+        with pytest.raises(ValueError, match="--compute-host"):
+            parse(["--compute-host", bad])

@@ -271,3 +271,57 @@ async def test_closing_a_receiver_ends_a_receive_waiting_in_another_task(
             with trio.fail_after(1):
                 await ended.wait()
         await wait_for(lambda: stream._state.stopped)  # the sender was told
+
+
+async def test_peek_shows_the_next_chunk_without_taking_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair() as (a, b):
+        stream = a.open_stream()
+        receiver_task: list[DataReceiver] = []
+
+        async def accept() -> None:
+            receiver_task.append(await b.incoming_streams.receive())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            await stream.send(b"first")
+        receiver = receiver_task[0]
+        assert await receiver.peek() == b"first"
+        assert await receiver.peek() == b"first"  # still there
+        assert await receiver.receive() == b"first"
+        peeked: list[bytes] = []
+
+        async def peek_later() -> None:
+            peeked.append(await receiver.peek())  # waits for the next chunk
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peek_later)
+            await trio.testing.wait_all_tasks_blocked()
+            assert peeked == []
+            await stream.end(b"last")
+        assert peeked == [b"last"]
+        assert await collect(receiver) == [b"last"]
+        with pytest.raises(trio.EndOfChannel):
+            await receiver.peek()
+
+
+async def test_peek_at_an_empty_end_ends_and_a_closed_link_is_unreachable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair() as (a, b):
+        stream = a.open_stream()
+        await stream.end()
+        receiver = await b.incoming_streams.receive()
+        with pytest.raises(trio.EndOfChannel):
+            await receiver.peek()
+        with pytest.raises(trio.EndOfChannel):
+            await receiver.receive()
+        other = a.open_stream()
+        await other.send(b"x")
+        receiver = await b.incoming_streams.receive()
+        assert await receiver.receive() == b"x"
+        a.close()
+        await b.wait_closed()
+        with pytest.raises(PeerUnreachable):
+            await receiver.peek()

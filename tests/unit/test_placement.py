@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from skulk.cluster import (
     ModelNeeds,
     NoCandidateNodes,
+    NoComputePort,
     NodeCapacity,
     NotEnoughMemory,
     PlacementInfoPending,
@@ -17,17 +18,23 @@ from skulk.cluster import (
     PlacementRequest,
     Plan,
     UnknownModel,
+    UnsupportedSharding,
     plan,
 )
+from skulk.wire.telemetry import ComputePorts
 
 GIB = 1 << 30
 NO_SLACK = PlacementPolicy(overhead=1.0, floor_bytes=0)
-M = ModelNeeds("m", weight_bytes=8 * GIB, layers=8, context_length=1024, kv_bytes_per_token=0)
+M = ModelNeeds("m", 8 * GIB, 8, 1024, 0, family="llama", heads=8, kv_heads=8)
 MODELS = {"m": M}
 
 
+def ports(name: str, first: int = 53000, last: int = 53031, host: str = "") -> ComputePorts:
+    return ComputePorts(host or f"10.0.0.{ord(name[-1]) % 250}", first, last)
+
+
 def node(name: str, gib: float | None, up: bool = True) -> NodeCapacity:
-    return NodeCapacity(name, up, None if gib is None else int(gib * GIB))
+    return NodeCapacity(name, up, None if gib is None else int(gib * GIB), ports(name))
 
 
 def test_single_takes_the_node_with_most_free_memory_ties_by_id() -> None:
@@ -37,7 +44,7 @@ def test_single_takes_the_node_with_most_free_memory_ties_by_id() -> None:
 
 
 def test_admission_counts_overhead_kv_and_floor_and_refuses_an_exact_fit() -> None:
-    needs = ModelNeeds("m", weight_bytes=1000, layers=2, context_length=10, kv_bytes_per_token=3)
+    needs = ModelNeeds("m", 1000, 2, 10, 3, "llama", 4, 4)
     policy = PlacementPolicy(overhead=1.5, floor_bytes=100)
     need = 1500 + 30 + 100
     exact = plan(PlacementRequest("m"), {"m": needs}, [NodeCapacity("a", True, need)], policy)
@@ -99,6 +106,15 @@ nodes_strategy = st.lists(
         st.sampled_from([f"n{i:02d}" for i in range(12)]),
         st.booleans(),
         st.one_of(st.none(), st.integers(0, 64 * GIB)),
+        st.one_of(
+            st.none(),
+            st.builds(
+                ComputePorts,
+                st.sampled_from(["h1", "h2", "::1"]),
+                st.just(7000),
+                st.integers(7000, 7003),
+            ),
+        ),
     ),
     max_size=12,
     unique_by=lambda n: n.node,
@@ -114,27 +130,48 @@ requests = st.builds(
 )
 
 
-@given(requests, nodes_strategy)
+taken_strategy = st.frozensets(
+    st.builds(lambda h, p: f"{h}:{p}", st.sampled_from(["h1", "h2", "[::1]"]),
+              st.integers(7000, 7003)),
+    max_size=6,
+)  # fmt: skip
+
+
+@given(requests, nodes_strategy, taken_strategy)
 def test_plans_are_deterministic_admitted_and_well_formed(
-    request: PlacementRequest, nodes: list[NodeCapacity]
+    request: PlacementRequest, nodes: list[NodeCapacity], taken: frozenset[str]
 ) -> None:
-    got = plan(request, MODELS, nodes)
-    assert got == plan(request, MODELS, list(reversed(nodes)))  # order of input is irrelevant
+    got = plan(request, MODELS, nodes, taken=taken)
+    # order of input is irrelevant
+    assert got == plan(request, MODELS, list(reversed(nodes)), taken=taken)
     if not isinstance(got, Plan):
         return
     by_id = {n.node: n for n in nodes}
     used = [s.node for s in got.shards]
     assert len(set(used)) == len(used)
+    addresses = [s.address for s in got.shards]
+    if request.sharding == "single":
+        assert addresses == [""]
+    else:
+        assert all(addresses) and len(set(addresses)) == len(addresses)
+        assert not set(addresses) & taken
     for s in got.shards:
         cap = by_id[s.node]
         assert cap.up and s.node not in request.excluded_nodes
         assert cap.available_bytes is not None and s.need_bytes < cap.available_bytes
         assert not request.nodes or s.node in request.nodes
+        if s.address:
+            assert cap.compute is not None
+            host, _, port = s.address.rpartition(":")
+            assert host.strip("[]") == cap.compute.host
+            assert cap.compute.first_port <= int(port) <= cap.compute.last_port
     assert [s.rank for s in got.shards] == list(range(len(used)))
     if request.sharding == "single":
         assert len(used) == 1
     else:
         assert request.min_nodes <= len(used) <= (request.max_nodes or len(used))
+    if request.sharding == "tensor":
+        assert M.heads % len(used) == 0 and M.kv_heads % len(used) == 0
     if request.sharding == "pipeline":
         ends = [s.layers for s in got.shards]
         assert ends[0][0] == 0 and ends[-1][1] == M.layers
@@ -154,6 +191,7 @@ def test_placement_benchmark_plans_every_case() -> None:
 def test_a_plan_from_state_is_a_command_apply_accepts() -> None:
     from skulk.cluster import (
         State,
+        addresses_in_use,
         apply,
         model_needs,
         node_capacities,
@@ -181,9 +219,111 @@ def test_a_plan_from_state_is_a_command_apply_accepts() -> None:
     needs = model_needs(card)
     assert needs.kv_bytes_per_token == 2 * 4 * 2 * 16 * 2  # K and V, layers, kv heads, head dim
     policy = PlacementPolicy.from_config(state.config)
-    nodes = node_capacities(state, {"a": 4 * GIB, "b": 64 * GIB})
+    compute = {"a": ComputePorts("127.0.0.1", 9000, 9001)}
+    nodes = node_capacities(state, {"a": 4 * GIB, "b": 64 * GIB}, compute)
     got = plan(PlacementRequest("demo", "pipeline", min_nodes=1), {"demo": needs}, nodes, policy)
     assert isinstance(got, Plan) and [s.node for s in got.shards] == ["a"]  # b is down
     state, result = apply(state, got.command("i1", at=3))
     assert isinstance(result, Applied), result
     assert [i.id for i in state.instances] == ["i1"]
+    assert state.instances[0].shards[0].address == "127.0.0.1:9000"
+    # The next plan does not reuse the address the State holds.
+    again = plan(PlacementRequest("demo", "pipeline"), {"demo": needs}, nodes, policy,
+                 addresses_in_use(state))  # fmt: skip
+    assert isinstance(again, Plan) and again.shards[0].address == "127.0.0.1:9001"
+    state, result = apply(state, again.command("i2", at=4))
+    assert isinstance(result, Applied), result
+    full = plan(PlacementRequest("demo", "pipeline"), {"demo": needs}, nodes, policy,
+                addresses_in_use(state))  # fmt: skip
+    assert full == NoComputePort("a", 9000, 9001)
+
+
+# ---- sharding rules and compute addresses ------------------------------------------------------
+
+TENSOR_OK = PlacementPolicy(overhead=1.0, floor_bytes=0, tensor_families=frozenset({"llama"}))
+
+
+def test_tensor_refuses_a_family_without_shard_naming_it() -> None:
+    gemma = ModelNeeds("g", 8 * GIB, 8, 1024, 0, family="gemma", heads=8, kv_heads=8)
+    nodes = [node("a", 5), node("b", 5)]
+    got = plan(PlacementRequest("g", "tensor", min_nodes=2), {"g": gemma}, nodes, TENSOR_OK)
+    assert isinstance(got, UnsupportedSharding) and got.code == "unsupported_sharding"
+    assert "'gemma'" in got.reason
+    # A pipeline slices layers generically: any family.
+    piped = plan(PlacementRequest("g", "pipeline", min_nodes=2), {"g": gemma}, nodes, TENSOR_OK)
+    assert isinstance(piped, Plan) and len(piped.shards) == 2
+
+
+def test_tensor_skips_counts_that_do_not_divide_the_heads() -> None:
+    needs = ModelNeeds("t", 12 * GIB, 8, 1024, 0, family="llama", heads=8, kv_heads=4)
+    nodes = [node(n, 3.5) for n in "abcd"]  # 3 nodes would fit by memory, 3 does not divide 4
+    got = plan(PlacementRequest("t", "tensor", min_nodes=3), {"t": needs}, nodes, TENSOR_OK)
+    assert isinstance(got, Plan) and len(got.shards) == 4
+    assert all(s.layers == (0, 8) for s in got.shards)
+
+
+def test_tensor_with_no_count_that_divides_refuses_with_the_arithmetic() -> None:
+    needs = ModelNeeds("t", 8 * GIB, 8, 1024, 0, family="llama", heads=42, kv_heads=14)
+    nodes = [node(n, 20) for n in "abc"]
+    request = PlacementRequest("t", "tensor", min_nodes=3, max_nodes=3)
+    got = plan(request, {"t": needs}, nodes, TENSOR_OK)
+    assert isinstance(got, UnsupportedSharding)
+    assert "14 kv heads do not divide over 3 ranks" in got.reason
+    assert "42 heads" not in got.reason  # 42 divides over 3
+    wide = plan(PlacementRequest("t", "tensor", min_nodes=3), {"t": needs},
+                [node(n, 20) for n in "abcdefghij"], TENSOR_OK)  # fmt: skip
+    # 3..10 ranks: 7 divides both (42, 14), so that is the plan.
+    assert isinstance(wide, Plan) and len(wide.shards) == 7
+    many = ModelNeeds("t", 8 * GIB, 8, 1024, 0, family="llama", heads=11, kv_heads=11)
+    refused = plan(PlacementRequest("t", "tensor", min_nodes=2), {"t": many},
+                   [node(n, 20) for n in "abcdefghij"], TENSOR_OK)  # fmt: skip
+    assert isinstance(refused, UnsupportedSharding)
+    assert "11 heads and 11 kv heads do not divide over 2 ranks" in refused.reason
+    assert "nor over 6..10 ranks" in refused.reason
+
+
+def test_a_pipeline_has_at_most_one_rank_per_layer() -> None:
+    got = plan(PlacementRequest("m", "pipeline", min_nodes=9), MODELS,
+               [node(f"n{i}", 20) for i in range(10)])  # fmt: skip
+    assert isinstance(got, UnsupportedSharding)
+    assert "8 layers do not split over 9 ranks" in got.reason
+    capped = plan(PlacementRequest("m", "pipeline", min_nodes=2), MODELS,
+                  [node(f"n{i}", 1.1) for i in range(10)], NO_SLACK)  # fmt: skip
+    assert isinstance(capped, Plan) and len(capped.shards) == 8
+
+
+def test_ranks_get_the_lowest_free_port_of_their_node_distinct_per_host() -> None:
+    shared = [
+        NodeCapacity("a", True, 5 * GIB, ComputePorts("10.0.0.9", 7000, 7010)),
+        NodeCapacity("b", True, 5 * GIB, ComputePorts("10.0.0.9", 7000, 7010)),
+        NodeCapacity("c", True, 4 * GIB, ComputePorts("::1", 7000, 7010)),
+    ]
+    got = plan(PlacementRequest("m", "pipeline", min_nodes=3), MODELS, shared, NO_SLACK,
+               taken={"10.0.0.9:7000", "[::1]:7000", "10.0.0.8:7001"})  # fmt: skip
+    assert isinstance(got, Plan)
+    assert [(s.node, s.address) for s in got.shards] == [
+        ("a", "10.0.0.9:7001"), ("b", "10.0.0.9:7002"), ("c", "[::1]:7001")
+    ]  # fmt: skip
+    small = ModelNeeds("s", GIB, 8, 1024, 0, family="llama", heads=8, kv_heads=8)
+    single = plan(PlacementRequest("s"), {"s": small}, shared, NO_SLACK)
+    assert isinstance(single, Plan) and single.shards[0].address == ""
+
+
+def test_compute_ports_pending_taken_or_exhausted() -> None:
+    bare = [NodeCapacity("a", True, 5 * GIB), NodeCapacity("b", True, 5 * GIB)]
+    # single needs no compute address; pipeline and tensor wait for the ports.
+    assert isinstance(plan(PlacementRequest("m"), MODELS, [NodeCapacity("a", True, 20 * GIB)]),
+                      Plan)  # fmt: skip
+    pending = plan(PlacementRequest("m", "pipeline"), MODELS, bare, NO_SLACK)
+    assert pending == PlacementInfoPending(("a", "b"))
+    one = [NodeCapacity("a", True, 20 * GIB, ComputePorts("h", 7000, 7000))]
+    assert plan(PlacementRequest("m", "tensor"), MODELS, one, taken={"h:7000"}) == NoComputePort(
+        "a", 7000, 7000
+    )
+    # Two nodes behind one host with one port between them: the second rank finds none.
+    crowded = [
+        NodeCapacity("a", True, 5 * GIB, ComputePorts("h", 7000, 7000)),
+        NodeCapacity("b", True, 5 * GIB, ComputePorts("h", 7000, 7000)),
+    ]
+    got = plan(PlacementRequest("m", "pipeline", min_nodes=2), MODELS, crowded, NO_SLACK)
+    assert got == NoComputePort("b", 7000, 7000)

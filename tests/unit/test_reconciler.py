@@ -23,7 +23,7 @@ from skulk.wire.cluster import (
     Shard,
     UpsertNode,
 )
-from skulk.worker import ModelStatus, Reconciler
+from skulk.worker import Assignment, ModelStatus, Reconciler
 
 CARD = ModelCard("m", PathSource("/m"), Architecture("llama", 2, 8, 2, 2, 10), 1, 64)
 
@@ -85,9 +85,9 @@ async def test_runs_what_is_assigned_reports_phases_and_stops_what_is_not(
                    RegisterModel(CARD))  # fmt: skip
     made: dict[str, FakeService] = {}
 
-    def make(instance: str, card: ModelCard) -> Any:
-        made[instance] = FakeService(card.id)
-        return made[instance]
+    def make(a: Assignment) -> Any:
+        made[a.instance] = FakeService(a.card.id)
+        return made[a.instance]
 
     reconciler = Reconciler("me", control, control.report, make, lambda: 42)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
@@ -125,9 +125,9 @@ async def test_a_service_that_raises_fails_its_instance_only(autojump_clock: Any
     control.commit(UpsertNode("me", "a", "f", 0), RegisterModel(CARD))
     made: dict[str, FakeService] = {}
 
-    def make(instance: str, card: ModelCard) -> Any:
-        made[instance] = (BrokenService if instance == "bad" else FakeService)(card.id)
-        return made[instance]
+    def make(a: Assignment) -> Any:
+        made[a.instance] = (BrokenService if a.instance == "bad" else FakeService)(a.card.id)
+        return made[a.instance]
 
     reconciler = Reconciler("me", control, control.report, make, lambda: 42)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
@@ -146,9 +146,9 @@ async def test_a_state_rewound_to_an_older_index_stops_nothing(autojump_clock: A
     before = (control.state, control.applied)
     made: dict[str, FakeService] = {}
 
-    def make(instance: str, card: ModelCard) -> Any:
-        made[instance] = FakeService(card.id)
-        return made[instance]
+    def make(a: Assignment) -> Any:
+        made[a.instance] = FakeService(a.card.id)
+        return made[a.instance]
 
     reconciler = Reconciler("me", control, control.report, make, lambda: 42)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
@@ -164,4 +164,46 @@ async def test_a_state_rewound_to_an_older_index_stops_nothing(autojump_clock: A
         control.commit()
         await trio.sleep(1)
         assert made["i1"].runs == 1 and reconciler.service("i1") is made["i1"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_rank_waits_for_every_rank_of_its_group_to_have_its_weights(
+    autojump_clock: Any,
+) -> None:
+    control = FakeControl()
+    control.commit(UpsertNode("me", "a", "f", 0), UpsertNode("other", "a", "f", 0),
+                   RegisterModel(CARD))  # fmt: skip
+    made: dict[str, FakeService] = {}
+    assignments: list[Assignment] = []
+
+    def make(a: Assignment) -> Any:
+        assignments.append(a)
+        made[a.instance] = FakeService(a.card.id)
+        made[a.instance].state = "staged"
+        return made[a.instance]
+
+    reconciler = Reconciler("me", control, control.report, make, lambda: 42)  # type: ignore[arg-type]
+    shards = (Shard(0, "other", 0, 1, "h:1"), Shard(1, "me", 1, 2, "h:2"))
+    gate_open = trio.Event()
+
+    async def gate() -> None:
+        await reconciler.wait_group("p")
+        gate_open.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        control.commit(PlaceInstance("p", "m", "pipeline", shards, 0))
+        nursery.start_soon(gate)
+        await trio.sleep(1)
+        assert [(a.rank, a.sharding, a.shard.address) for a in assignments] == [
+            (1, "pipeline", "h:2")
+        ]
+        assert control.reports[-1] == ReportRunner("p", 1, "me", "connecting", None, 42)
+        assert not gate_open.is_set()  # rank 0 (on "other") is still pending
+        control.commit(ReportRunner("p", 0, "other", "fetching", None, 43))
+        await trio.sleep(1)
+        assert not gate_open.is_set()
+        control.commit(ReportRunner("p", 0, "other", "connecting", None, 44))
+        await trio.sleep(1)
+        assert gate_open.is_set()
         nursery.cancel_scope.cancel()

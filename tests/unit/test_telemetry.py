@@ -387,3 +387,49 @@ def test_the_codec_refuses_a_frame_with_a_wrong_field() -> None:
     good["entries"][0]["seq"] = 1.0
     with pytest.raises(SchemaError, match=r"entries\[0\]\.seq"):
         CODEC.decode(cbor2.dumps(good))
+
+
+# ---- what a node offers placement: memory limit, compute ports, fetch progress -----------------
+
+
+def test_a_memory_limit_caps_what_a_node_advertises() -> None:
+    from skulk.federation import cap_memory
+
+    gib = 1 << 30
+    assert cap_memory(16 * gib, 10 * gib, None, 5 * gib) == (16 * gib, 10 * gib)
+    assert cap_memory(16 * gib, 10 * gib, 4 * gib) == (4 * gib, 4 * gib)
+    assert cap_memory(16 * gib, 10 * gib, 4 * gib, 3 * gib) == (4 * gib, 1 * gib)
+    assert cap_memory(16 * gib, 2 * gib, 8 * gib, 1 * gib) == (8 * gib, 2 * gib)  # real is less
+    assert cap_memory(16 * gib, 10 * gib, 4 * gib, 9 * gib) == (4 * gib, 0)  # never below 0
+    from skulk.config import ByteSize
+
+    r = sample_readings("n1", [], "", memory_limit=ByteSize("1M"), runner_bytes=1 << 19)
+    assert r.memory_total_bytes <= 1 << 20 and r.memory_available_bytes <= 1 << 19
+    CODEC.encode(TelemetryPush((TelemetryEntry("n1", 1, 1, r),)))  # plain ints on the wire
+
+
+def test_readings_carry_compute_ports_and_fetches_across_the_wire() -> None:
+    from skulk.federation import FetchBoard
+    from skulk.wire.telemetry import MAX_FETCHES, ComputePorts, FetchProgress
+
+    board = FetchBoard()
+    board.set("i2", 1, 50, 100)
+    board.set("i1", 0, 150, 100)  # clamped to the total
+    board.set("i1", 0, 70, 100)
+    board.set("i3", 0, -5, 10)
+    board.clear("i3", 0)
+    board.clear("never", 9)
+    assert board.snapshot() == (FetchProgress("i1", 0, 70, 100), FetchProgress("i2", 1, 50, 100))
+    compute = ComputePorts("10.0.0.1", 53416, 53447)
+    r = sample_readings("n1", [], "", compute=compute, fetches=board.snapshot())
+    entry = TelemetryEntry("n1", 1, 1, r)
+    decoded = CODEC.decode(CODEC.encode(TelemetryPush((entry,))))
+    assert isinstance(decoded, TelemetryPush) and decoded.entries[0].readings == r
+    assert TelemetryView([entry])["n1"].readings.compute == compute
+    # Bounded: a board lists at most MAX_FETCHES, and readings never carry more.
+    for i in range(MAX_FETCHES + 5):
+        board.set(f"x{i:03d}", 0, 1, 2)
+    assert len(board.snapshot()) == MAX_FETCHES
+    assert board.statistics().refused == 7  # i1, i2 held two slots already
+    many = [FetchProgress(f"y{i}", 0, 1, 2) for i in range(MAX_FETCHES + 3)]
+    assert len(sample_readings("n1", [], "", fetches=many).fetches) == MAX_FETCHES

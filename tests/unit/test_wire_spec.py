@@ -37,6 +37,7 @@ import pytest
 
 import skulk.wire
 import skulk.wire.routing
+import skulk.wire.transfer
 from skulk.runner.protocol import MAX_FRAME_SIZE
 from skulk.wire import Codec, WireError
 from skulk.wire.runner import PROTOCOL_VERSION
@@ -45,7 +46,10 @@ SPEC_PATH = Path(__file__).resolve().parents[2] / "specs" / "wire.cddl"
 TAG_KEY = "t"
 
 #: Frames encoded on their own (``Codec(TheClass)``: tagged), not as members of a union.
-STANDALONE_FRAMES: dict[str, type] = {"RouteRequest": skulk.wire.routing.RouteRequest}
+STANDALONE_FRAMES: dict[str, type] = {
+    "RouteRequest": skulk.wire.routing.RouteRequest,
+    "Manifest": skulk.wire.transfer.Manifest,
+}
 
 # Names from the RFC 8610 prelude the spec may use without defining them.
 PRELUDE = frozenset(
@@ -486,7 +490,7 @@ def test_spec_states_protocol_version_and_frame_limit(spec_text: str) -> None:
 
 _MUTANTS: list[tuple[str, str, str]] = [
     # (description, old text, new text), each applied to the real spec
-    ("field dropped", "  model_id: tstr,\n}", "}"),
+    ("field dropped", "  model_id: tstr,\n  ? shard:", "  ? shard:"),
     ("extra field", '"t": "Cancel",\n', '"t": "Cancel",\n  reason: tstr,\n'),
     ("optional made required", "? top_k: int,", "top_k: int,"),
     ("required made optional", "  pid: int,", "  ? pid: int,"),
@@ -614,6 +618,10 @@ def _mutations(value: Any) -> Iterator[Any]:
         "ControlReply",
         "RouteRequest",
         "RouteItem",
+        "Manifest",
+        "TransferRequest",
+        "TransferReply",
+        "TransferItem",
     ],
 )
 def test_codec_and_spec_accept_the_same_frames(spec_text: str, root: str) -> None:

@@ -1,0 +1,75 @@
+"""``GET /v1/diagnostics/cluster/timeline``: every reachable node's runner events, merged.
+
+Query parameters (each at most once; any other is a 400 naming it):
+
+* ``limit``: the most events returned, an integer from 1 to
+  :data:`~skulk.diagnostics.MAX_LIMIT` (default :data:`~skulk.diagnostics.DEFAULT_LIMIT`);
+  the most recent ones are kept.
+* ``since``: only events at or after this wall-clock time (seconds since the Unix epoch, a
+  finite number >= 0; default 0).
+
+The answer: ``events`` (oldest first, each with ``at``, ``node``, ``model``, ``instance``,
+``rank``, ``incarnation``, ``kind``, ``detail``, ``request_id``), ``dropped`` (matching events
+the limits left out), ``answered`` (nodes whose events are in) and ``unanswered`` (nodes that
+did not answer in time, each with a ``reason``). A node that never answers costs the request
+its per-node deadline, no more.
+"""
+
+from __future__ import annotations
+
+import math
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from skulk.api._http_errors import json_response
+from skulk.api._openai import ApiError
+from skulk.diagnostics import DEFAULT_LIMIT, MAX_LIMIT, ClusterTimeline
+from skulk.diagnostics._timeline import events_json
+
+_TIMELINE_PARAMS = ("limit", "since")
+
+
+def parse_timeline_query(args: dict[str, list[str]]) -> tuple[float, int]:
+    """``(since, limit)`` from the query's parameters (name → values);
+    :class:`ApiError` (400 naming the parameter) otherwise."""
+    for name, values in args.items():
+        if name not in _TIMELINE_PARAMS:
+            raise ApiError.unknown_parameter(name)
+        if len(values) != 1:
+            raise ApiError.invalid(name, f"{name} is given {len(values)} times")
+    limit = DEFAULT_LIMIT
+    if "limit" in args:
+        raw = args["limit"][0].strip()
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
+            raise ApiError.invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}")
+        limit = int(raw)
+    since = 0.0
+    if "since" in args:
+        raw = args["since"][0].strip()
+        try:
+            since = float(raw) if raw.isascii() else math.nan
+        except ValueError:
+            since = math.nan
+        if not (math.isfinite(since) and since >= 0):
+            raise ApiError.invalid(
+                "since", "since must be a time in seconds since the Unix epoch (a number >= 0)"
+            )
+    return since, limit
+
+
+def install_timeline_route(app: QuartTrio, timeline: ClusterTimeline) -> None:
+    """Add ``GET /v1/diagnostics/cluster/timeline`` to ``app``."""
+
+    @app.get("/v1/diagnostics/cluster/timeline")
+    async def cluster_timeline() -> Response:
+        args = {name: request.args.getlist(name) for name in request.args}
+        since, limit = parse_timeline_query(args)
+        result = await timeline.gather(since, limit)
+        body = {
+            "events": events_json(result.events),
+            "dropped": result.dropped,
+            "answered": list(result.answered),
+            "unanswered": [{"node": u.node, "reason": u.reason} for u in result.unanswered],
+        }
+        return json_response(body, 200)

@@ -1,0 +1,169 @@
+"""A runner that is one rank of a sharded instance: group formation, shard loading, then the
+lockstep loop (:mod:`skulk.runner._sharded_loop`).
+
+After ``Load`` (with a :class:`~skulk.wire.runner.ShardSpec`) the rank:
+
+1. builds the model lazily and checks that it can be sharded as asked (``unsupported_sharding``
+   names the family or the arithmetic) — before joining, so every rank refuses at once;
+2. sends ``GroupJoining``, writes the MLX ring hostfile (one ``["host:port"]`` per rank) to a
+   temporary file, sets ``MLX_HOSTFILE``/``MLX_RANK`` and calls
+   ``mx.distributed.init(backend="ring", strict=True)`` under :func:`init_alarm`
+   (``connect_timeout``; an error is ``group_connect_failed``); checks rank and size and sends
+   ``GroupJoined``;
+3. loads only its shard's tensors (``LoadProgress``), waits for every rank to have loaded (a
+   guarded barrier of up to the node's load timeout) and sends ``Loaded``;
+4. runs the lockstep loop: the warm-up on every rank together (``WarmedUp``), then serving.
+
+A collective that fails (a peer's connection lost) ends the rank with
+``RunnerFailed(collective_failed)``; one that outlives its deadline, through the watchdog, with
+``CollectiveTimeout``. The process then leaves with ``os._exit`` (after flushing its output):
+mlx's ring threads must not be waited for at interpreter shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
+
+import mlx.core as mx
+from mlx_lm.utils import load_tokenizer
+
+from skulk.runner._engine import DEFAULT_CONTEXT, Engine
+from skulk.runner._link import Link
+from skulk.runner._prepare import log_failure, shorten
+from skulk.runner._shard import ShardingUnsupported, check_sharding, load_shard, open_model
+from skulk.runner._sharded_loop import CollectiveError, Lockstep
+from skulk.runner._watchdog import COLLECTIVE_FAILED_EXIT_CODE, CollectiveWatchdog, init_alarm
+from skulk.runner.faults import Faults
+from skulk.wire.runner import (
+    GroupJoined,
+    GroupJoining,
+    Load,
+    Loaded,
+    LoadProgress,
+    RunnerFailed,
+    ShardSpec,
+)
+
+log = logging.getLogger("skulk.runner")
+
+#: The init alarm fires this much after ``connect_timeout``: the node's own connect deadline
+#: should speak first; the alarm is for a rank whose node is gone.
+CONNECT_ALARM_SLACK = 1.0
+
+
+def run_sharded(
+    link: Link, load: Load, spec: ShardSpec, faults: Faults, load_timeout: float
+) -> NoReturn:
+    """Serve ``load`` as rank ``spec.rank``; never returns (exits the process)."""
+    try:
+        code = _run(link, load, spec, faults, load_timeout)
+    except (BrokenPipeError, ConnectionResetError):
+        code = 0  # the node closed the link: it is stopping us
+    except Exception as exc:  # a bug: say so, and leave without waiting for mlx's threads
+        log_failure("the sharded runner failed", exc)
+        with contextlib.suppress(OSError):
+            link.send(RunnerFailed(reason="runner_error", message=shorten(f"{exc!r}")))
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(link: Link, load: Load, spec: ShardSpec, faults: Faults, load_timeout: float) -> int:
+    from skulk.runner._child import load_failure_reason
+
+    path = Path(load.model_path)
+    try:
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no model at {path} (config.json missing)")
+        model, config = open_model(path)
+        check_sharding(model, config, spec)
+    except ShardingUnsupported as exc:
+        link.send(RunnerFailed(reason="unsupported_sharding", message=shorten(str(exc))))
+        return 2
+    except (BrokenPipeError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
+        return 2
+    faults.hit("connect")
+    link.send(GroupJoining())
+    try:
+        group = join_group(spec)
+    except Exception as exc:
+        log_failure("could not join the compute group", exc)
+        message = shorten(f"rank {spec.rank} could not join {', '.join(spec.hosts)}: {exc}")
+        link.send(RunnerFailed(reason="group_connect_failed", message=message))
+        return 2
+    link.send(GroupJoined(world=group.size()))
+    watchdog = CollectiveWatchdog(link.send_within)
+    link.trace = watchdog.take_trace
+    try:
+        shard, engine, context = _load(link, path, model, config, spec, group, faults)
+    except (BrokenPipeError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        log_failure("could not load the shard", exc)
+        link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
+        return 2
+    loop = Lockstep(link, shard, engine, watchdog, faults)
+    try:
+        loop.barrier(max(load_timeout, spec.collective_timeout))
+        link.send(Loaded(model_id=load.model_id, context_length=context))
+        faults.hit("warm")
+        return loop.run()
+    except CollectiveError as exc:
+        log.error("runner: %s", exc)
+        if (trace := watchdog.take_trace()) is not None:
+            link.send(trace)
+        link.send(RunnerFailed(reason="collective_failed", message=shorten(str(exc))))
+        return COLLECTIVE_FAILED_EXIT_CODE
+
+
+def join_group(spec: ShardSpec) -> Any:
+    """Form the ring with the other ranks (see the module doc); the group."""
+    fd, hostfile = tempfile.mkstemp(prefix="skulk-ring-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump([[host] for host in spec.hosts], f)
+    os.environ["MLX_HOSTFILE"] = hostfile
+    os.environ["MLX_RANK"] = str(spec.rank)
+    try:
+        with init_alarm(spec.connect_timeout + CONNECT_ALARM_SLACK):
+            group = mx.distributed.init(strict=True, backend="ring")
+    finally:
+        os.unlink(hostfile)
+    if (group.rank(), group.size()) != (spec.rank, spec.world):
+        raise RuntimeError(
+            f"joined as rank {group.rank()} of {group.size()}, not {spec.rank} of {spec.world}"
+        )
+    return group
+
+
+def _load(
+    link: Link,
+    path: Path,
+    model: Any,
+    config: dict[str, Any],
+    spec: ShardSpec,
+    group: Any,
+    faults: Faults,
+) -> tuple[Any, Engine | None, int]:
+    def progress(n: int, total: int) -> None:
+        link.send(LoadProgress(loaded=n, total=total))
+        faults.hit("load")
+
+    shard = load_shard(model, config, spec, group, progress)
+    context = int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+    engine = None
+    if spec.rank == 0:  # rank 0 alone tokenizes, detokenizes and talks to the node
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))  # type: ignore[no-untyped-call]
+        engine = Engine(shard.model, tokenizer, context)
+    return shard, engine, context

@@ -1,0 +1,479 @@
+"""The lockstep loop of a sharded runner: every rank does the same work, step by step.
+
+Rank 0 alone talks to its node about requests (``Generate``, ``Cancel``, ``Shutdown``) and
+alone tokenizes and detokenizes. Every iteration of every rank begins with one fixed-shape
+collective, the control block (:mod:`skulk.runner._lockstep`), which rank 0 broadcasts along
+the ring (rank ``r`` receives it from ``r - 1`` and passes it to ``r + 1``) and which tells
+the others what this step does: shut down, free slots, open a slot for a new request with its
+sampling parameters, and one operation for one slot — a prefill chunk of up to
+:data:`~skulk.runner._engine.PREFILL_STEP` prompt tokens, or a decode step of one token. Then
+every rank runs that operation (:mod:`skulk.runner._shard`): in a pipeline, rank 0 embeds and
+the last rank samples and sends the token back to rank 0; in tensor mode rank 0 samples. The
+token rank 0 learns goes into the next block, so every rank sees the same tokens. A prompt is
+prefilled in the same chunks as in one process (all but its last token, then a decode step on
+the last token yields the first new one), so a sharded instance computes what one process
+computes.
+
+**Concurrent requests** are interleaved as the single-process loop does: each step serves the
+next open slot in turn (round robin), whether its next piece of work is a prefill chunk or a
+decode step, so a long prompt never stalls the other streams for more than one chunk. Each
+slot has its own KV cache (local layers only) and, on the sampling rank, its own sampler and
+random key, so a seeded request gives the same tokens whatever runs beside it. At most
+:data:`~skulk.runner._lockstep.MAX_SLOTS` requests are open at once; more wait for a slot.
+
+**Cancel** frees the slot on every rank through the next block (rank 0 answers the node at
+once). **Shutdown** (or the node closing rank 0's link) is a block with the shutdown flag: every
+rank leaves; the others tell their node ``RunnerFailed(group_stopped)``.
+
+**Idle.** A rank waiting inside a collective spins a CPU core (the ring backend polls its
+sockets), so when rank 0 has nothing to do it sends an idle block saying how long it will wait
+before the next one (2 ms at first, doubling to :data:`IDLE_MAX_MS`); the other ranks sleep
+that long (less a small margin) on their own inbox instead. A request that arrives while the
+group idles therefore waits at most that long to start. An idle block travels the whole ring
+back to rank 0, so a stopped peer is noticed while idle too. Every rank heartbeats from this
+loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, cast
+
+import attrs
+import mlx.core as mx
+
+from skulk.runner._engine import PREFILL_STEP, Engine, RequestError, TokenOutput
+from skulk.runner._link import EOF, Link
+from skulk.runner._lockstep import (
+    CONTROL_SIZE,
+    MAX_FREES,
+    MAX_SLOTS,
+    Control,
+    LockstepError,
+    Op,
+    Opening,
+    decode,
+    encode,
+)
+from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
+from skulk.runner._sampling import Sampler
+from skulk.runner._shard import Shard, TensorShard
+from skulk.runner._watchdog import CollectiveWatchdog, Note
+from skulk.runner.faults import Faults
+from skulk.wire.runner import (
+    Cancel,
+    Finished,
+    FinishReason,
+    Generate,
+    RequestFailed,
+    RunnerFailed,
+    SamplingParams,
+    Shutdown,
+    TextPrompt,
+    TokenChunk,
+    Usage,
+    WarmedUp,
+)
+
+log = logging.getLogger("skulk.runner")
+
+IDLE_MIN_MS = 2
+IDLE_MAX_MS = 64
+#: A rank told to idle wakes this much before rank 0 said it would send the next block.
+IDLE_MARGIN = 0.001
+
+_WARM_UP = (
+    SamplingParams(temperature=0.0, max_tokens=2),
+    SamplingParams(temperature=1.0, top_p=0.9, top_k=8, seed=0, max_tokens=2),
+)
+
+
+class CollectiveError(Exception):
+    """A distributed evaluation failed (a peer's connection lost), or the ranks lost step."""
+
+
+@attrs.define
+class _Slot:
+    """Every rank's state of one open request."""
+
+    cache: list[Any]
+    sampler: Sampler | None
+    chunks: int = 0
+    decodes: int = 0
+
+
+@attrs.define
+class _Request:
+    """Rank 0's view of an open or queued request (``request_id`` ``None``: the warm-up)."""
+
+    request_id: str | None
+    tokens: list[int]
+    params: SamplingParams
+    out: TokenOutput
+    fed: int = 0
+    last: int | None = None
+
+
+class Lockstep:
+    """One rank's loop; :meth:`run` serves until shutdown and returns the exit code."""
+
+    def __init__(
+        self,
+        link: Link,
+        shard: Shard,
+        engine: Engine | None,
+        watchdog: CollectiveWatchdog,
+        faults: Faults,
+    ) -> None:
+        self._link = link
+        self._shard = shard
+        self._spec = shard.spec
+        self._engine = engine
+        self._watchdog = watchdog
+        self._faults = faults
+        self.step = 0
+        self.slots: dict[int, _Slot] = {}
+
+    # ---- every rank ------------------------------------------------------------------------
+
+    def barrier(self, seconds: float) -> None:
+        """Wait (up to ``seconds``) until every rank got here."""
+        with self._collective("barrier(loaded)", seconds):
+            one = mx.array([1], dtype=mx.int32)
+            count = int(cast(int, mx.distributed.all_sum(one, group=self._shard.group).item()))
+        if count != self._spec.world:
+            raise CollectiveError(f"barrier counted {count} of {self._spec.world}")
+
+    def run(self) -> int:
+        return self._lead() if self._spec.rank == 0 else self._follow()
+
+    @contextlib.contextmanager
+    def _collective(self, name: str, seconds: float | None = None) -> Iterator[Note]:
+        """Build and evaluate, inside the block, work that contains a distributed operation:
+        under the watchdog (``collective_timeout`` unless ``seconds``), its failure a
+        :class:`CollectiveError`. Building belongs inside too: mlx may evaluate eagerly."""
+        limit = self._spec.collective_timeout if seconds is None else seconds
+        with self._watchdog.guard(name, self.step, limit) as note:
+            try:
+                yield note
+            except (CollectiveError, LockstepError):
+                raise
+            except Exception as exc:
+                raise CollectiveError(f"{name} at step {self.step} failed: {exc}") from exc
+
+    def _exchange(self, control: Control | None) -> Control:
+        """The step's control block: rank 0 gives ``control``, the others ``None`` and get
+        rank 0's. The block goes along the ring, rank ``r`` to ``r + 1`` (a chain of sends is
+        ~50 µs a hop here, where an ``all_sum`` between a pipeline's sends and receives costs
+        ~2 ms). An idle block goes all the way round, back to rank 0, so rank 0 notices a
+        stopped peer while idle too, not only at the next request."""
+        rank, world, group = self._spec.rank, self._spec.world, self._shard.group
+        with self._collective("broadcast(control)") as note:
+            if control is not None:
+                block = mx.array(encode(control), dtype=mx.int32)
+                mx.eval(mx.distributed.send(block, 1, group=group))
+                if control.idle_ms:
+                    mx.eval(mx.distributed.recv_like(block, world - 1, group=group))
+                agreed = control
+            else:
+                got = mx.distributed.recv((CONTROL_SIZE,), mx.int32, rank - 1, group=group)
+                if rank < world - 1:
+                    mx.eval(mx.distributed.send(got, rank + 1, group=group))
+                try:
+                    agreed = decode(cast(list[int], got.tolist()), self.step)
+                except LockstepError as exc:
+                    raise CollectiveError(f"lockstep lost at step {self.step}: {exc}") from exc
+                if rank == world - 1 and agreed.idle_ms:
+                    mx.eval(mx.distributed.send(got, 0, group=group))
+            note.detail = agreed.describe()
+        return agreed
+
+    def _apply(self, control: Control, chunk: list[int] | None = None) -> int | None:
+        """Run ``control`` on this rank; rank 0 gives the prefill ``chunk`` and gets the
+        sampled token of a decode step."""
+        for freed in control.frees:
+            self.slots.pop(freed, None)
+        if (o := control.opening) is not None:
+            params = SamplingParams(
+                temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed
+            )
+            self.slots[o.slot] = _Slot(self._shard.new_cache(), self._shard.sampler(params))
+        op = control.op
+        if op is None:
+            return None
+        slot = self.slots.get(op.slot)
+        if slot is None:
+            raise CollectiveError(f"step {self.step}: {op.kind} for slot {op.slot}, not open")
+        if op.kind == "prefill":
+            self._prefill(op, slot, chunk)
+            return None
+        self._faults.hit("decode", slot.decodes)
+        with self._collective("forward(decode)"):
+            token = mx.array([[op.token]], dtype=mx.int32)
+            work, back = self._shard.decode(token, slot.cache, slot.sampler)
+            mx.eval(work)
+            sampled = int(cast(int, back.item())) if back is not None else None
+        slot.decodes += 1
+        return sampled
+
+    def _prefill(self, op: Op, slot: _Slot, chunk: list[int] | None) -> None:
+        with self._collective("forward(prefill)"):
+            if isinstance(self._shard, TensorShard):  # every rank embeds: share the tokens
+                buf = [0] * PREFILL_STEP
+                if chunk is not None:
+                    buf[: len(chunk)] = chunk
+                mine = mx.array(buf, dtype=mx.int32)
+                tokens = mx.distributed.all_sum(mine, group=self._shard.group)[: op.n][None]
+            elif chunk is not None:
+                tokens = mx.array(chunk, dtype=mx.int32)[None]
+            else:  # a later pipeline rank: only the shape matters, the hidden state comes in
+                tokens = mx.zeros((1, op.n), dtype=mx.int32)
+            mx.eval(self._shard.prefill(tokens, slot.cache))
+        slot.chunks += 1
+        self._faults.hit("prefill", slot.chunks)
+
+    # ---- ranks > 0 --------------------------------------------------------------------------
+
+    def _follow(self) -> int:
+        wait = 0.0
+        while True:
+            frames = [] if wait <= 0 else [self._link.wait_frame(wait)]
+            while (frame := self._link.next_frame(block=False)) is not None:
+                frames.append(frame)
+            for frame in frames:
+                if frame is None:
+                    continue
+                if frame is EOF or isinstance(frame, Shutdown):
+                    return 0  # our node stops this rank: the group breaks, the others see it
+                if isinstance(frame, Generate):
+                    self._link.send(
+                        RequestFailed(frame.request_id, "not_rank_zero", "only rank 0 serves")
+                    )
+                elif isinstance(frame, Cancel):
+                    self._link.send(Finished(frame.request_id, "cancelled", Usage(0, 0)))
+                else:
+                    log.error("runner: unexpected frame %r", frame)
+                    return 3
+            control = self._exchange(None)
+            self._apply(control)
+            if control.shutdown:
+                message = "rank 0 ended the compute group"
+                self._link.send(RunnerFailed(reason="group_stopped", message=message))
+                return 0
+            if control.warmed:
+                self._link.send(WarmedUp())
+            wait = control.idle_ms / 1000 - IDLE_MARGIN
+            self._link.beat()
+            self.step += 1
+
+    # ---- rank 0 -----------------------------------------------------------------------------
+
+    def _lead(self) -> int:
+        assert self._engine is not None
+        leader = _Leader(self._link, self._engine, self._faults)
+        leader.warm_up()
+        wait = 0.0
+        idle_ms = IDLE_MIN_MS
+        while True:
+            if wait > 0 and (frame := self._link.wait_frame(wait)) is not None:
+                leader.handle(frame)
+            while (frame := self._link.next_frame(block=False)) is not None:
+                leader.handle(frame)
+            if leader.protocol_error:
+                return 3
+            control, chunk = leader.compose(self.step)
+            quiet = control == Control(self.step)
+            if quiet:
+                control = attrs.evolve(control, idle_ms=idle_ms)
+                wait = idle_ms / 1000
+                idle_ms = IDLE_MIN_MS if leader.waiting else min(2 * idle_ms, IDLE_MAX_MS)
+            else:
+                wait, idle_ms = 0.0, IDLE_MIN_MS
+            control = self._exchange(control)
+            token = self._apply(control, chunk)
+            leader.applied(control)
+            if control.shutdown:
+                return 0
+            if control.warmed:
+                self._link.send(WarmedUp())
+            if control.op is not None:
+                leader.advance(control.op, token)
+            self._link.beat()
+            self.step += 1
+
+
+class _Leader:
+    """Rank 0's bookkeeping: requests from the node, slots, what each step does, and the
+    frames that go back to the node."""
+
+    def __init__(self, link: Link, engine: Engine, faults: Faults) -> None:
+        self._link = link
+        self._engine = engine
+        self._faults = faults
+        self._preparer = PromptPreparer(engine.tokenize, link.inbox)
+        self.waiting: dict[str, int] = {}  # request id → tokenizer job
+        self._queue: deque[_Request] = deque()
+        self._open: dict[int, _Request] = {}
+        self._turns: deque[int] = deque()  # open slots, in serving order
+        self._free = set(range(MAX_SLOTS))
+        self._to_free: deque[int] = deque()  # slots to free in a coming block
+        self._warming = 0
+        self._warmed_due = False
+        self._stopping = False
+        self.protocol_error = False
+
+    def warm_up(self) -> None:
+        """Queue the warm-up requests: greedy and sampled (top-p, top-k) generations, so the
+        first real request pays neither for lazy set-up nor for compiling the sampler."""
+        tokens = self._engine.tokenize(TextPrompt("warm up"))
+        for params in _WARM_UP:
+            self._enqueue(None, tokens, params)
+        self._warming = len(_WARM_UP)
+
+    def handle(self, frame: object) -> None:
+        if frame is EOF or isinstance(frame, Shutdown):
+            self._stopping = True
+        elif isinstance(frame, Generate):
+            self._accept(frame)
+        elif isinstance(frame, Prepared):
+            self._prepared(frame)
+        elif isinstance(frame, Cancel):
+            self._faults.hit("cancel")
+            self._cancel(frame.request_id)
+        else:
+            log.error("runner: unexpected frame %r", frame)
+            self.protocol_error = True
+
+    def compose(self, step: int) -> tuple[Control, list[int] | None]:
+        """This step's control block, and the prompt chunk a prefill step feeds."""
+        frees = tuple(self._to_free.popleft() for _ in range(min(MAX_FREES, len(self._to_free))))
+        opening = None
+        if self._queue and self._free:
+            req = self._queue.popleft()
+            slot = min(self._free)
+            self._free.discard(slot)
+            self._open[slot] = req
+            self._turns.append(slot)
+            p = req.params
+            seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(8), "little")
+            opening = Opening(slot, p.temperature, p.top_p, p.top_k, seed)
+        op, chunk = None, None
+        if self._turns:
+            slot = self._turns[0]
+            self._turns.rotate(-1)
+            req = self._open[slot]
+            left = len(req.tokens) - 1 - req.fed
+            if left > 0:
+                n = min(PREFILL_STEP, left)
+                op, chunk = Op("prefill", slot, n), req.tokens[req.fed : req.fed + n]
+            else:
+                token = req.tokens[-1] if req.last is None else req.last
+                op = Op("decode", slot, 1, token)
+        warmed, self._warmed_due = self._warmed_due, False
+        control = Control(
+            step, shutdown=self._stopping, warmed=warmed, frees=frees, opening=opening, op=op
+        )
+        return control, chunk
+
+    def applied(self, control: Control) -> None:
+        """Every rank has freed ``control.frees``: the slots may be opened again."""
+        self._free.update(control.frees)
+
+    def advance(self, op: Op, token: int | None) -> None:
+        """Account for the step's operation; a decode step's ``token`` goes out."""
+        req = self._open.get(op.slot)
+        if req is None:
+            return
+        if op.kind == "prefill":
+            req.fed += op.n
+            return
+        assert token is not None
+        req.last = token
+        try:
+            step = req.out.feed(token)
+        except Exception as exc:
+            log_failure("emitting a token failed", exc)
+            self._close(op.slot)
+            if req.request_id is None:
+                self._finished(req, "stop")  # the warm-up ran all the same
+            else:
+                self._fail(req.request_id, "engine_error", f"decode failed: {exc}")
+            return
+        if req.request_id is not None and (step.token_ids or step.text):
+            self._link.send(TokenChunk(req.request_id, step.token_ids, step.text))
+        if step.finish_reason is not None:
+            self._close(op.slot)
+            self._finished(req, step.finish_reason)
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _accept(self, req: Generate) -> None:
+        rid = req.request_id
+        if rid in self.waiting or self._find(rid) is not None:
+            self._fail(rid, "duplicate_request", "request id already active")
+            return
+        try:
+            self._engine.check_params(req.params)
+        except RequestError as exc:
+            self._fail(rid, exc.reason, exc.message)
+            return
+        self.waiting[rid] = self._preparer.submit(req)
+
+    def _prepared(self, prepared: Prepared) -> None:
+        req = prepared.request
+        if self.waiting.get(req.request_id) != prepared.job:
+            return  # cancelled while it was tokenized: already answered
+        del self.waiting[req.request_id]
+        if prepared.failure is not None:
+            self._fail(req.request_id, *prepared.failure)
+            return
+        self._enqueue(req.request_id, list(prepared.tokens), req.params)
+
+    def _enqueue(self, rid: str | None, tokens: list[int], params: SamplingParams) -> None:
+        out = TokenOutput(self._engine.tokenizer, params, len(tokens), self._engine.context_length)
+        self._queue.append(_Request(rid, tokens, params, out))
+
+    def _cancel(self, rid: str) -> None:
+        found = self._find(rid)
+        if found is not None:
+            slot, req = found
+            if slot is None:
+                self._queue.remove(req)
+            else:
+                self._close(slot)
+            usage = Usage(req.out.prompt_tokens, req.out.completion_tokens)
+            self._link.send(Finished(rid, "cancelled", usage if slot is not None else Usage(0, 0)))
+            return
+        # Being tokenized (its tokens are dropped when they come) or unknown: acknowledge.
+        self.waiting.pop(rid, None)
+        self._link.send(Finished(rid, "cancelled", Usage(0, 0)))
+
+    def _find(self, rid: str) -> tuple[int | None, _Request] | None:
+        for slot, req in self._open.items():
+            if req.request_id == rid:
+                return slot, req
+        for req in self._queue:
+            if req.request_id == rid:
+                return None, req
+        return None
+
+    def _close(self, slot: int) -> None:
+        """Stop serving ``slot``; it is freed on every rank by the next block."""
+        self._open.pop(slot, None)
+        self._turns.remove(slot)
+        self._to_free.append(slot)
+
+    def _finished(self, req: _Request, reason: FinishReason) -> None:
+        if req.request_id is None:
+            self._warming -= 1
+            self._warmed_due = self._warming == 0
+            return
+        usage = Usage(req.out.prompt_tokens, req.out.completion_tokens)
+        self._link.send(Finished(req.request_id, reason, usage))
+
+    def _fail(self, rid: str, reason: str, message: str) -> None:
+        self._link.send(RequestFailed(rid, reason, shorten(message)))

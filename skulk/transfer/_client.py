@@ -1,0 +1,314 @@
+"""The fetching end of the transfer protocol: ask a holder, read its answer stream.
+
+:meth:`WeightClient.manifest` reads a model's manifest from a holder part by part.
+:meth:`WeightClient.open_ranges` registers a request id, calls ``transfer.ranges`` and waits
+for the stream that :meth:`WeightClient.handle_stream` (the node's stream handler, for streams
+:func:`is_transfer_stream` recognises) hands over once its header names the request; the
+:class:`RangeStream` then yields the bytes, each wait bounded by ``timeouts.idle``. The
+receiver belongs to the request from the hand-over on: the handler waits until the request
+closes it (as the routing caller does).
+
+Every failure is a :class:`~skulk.transfer._errors.PeerFailure` naming the holder, marked
+``lasting`` when asking that holder again cannot help (it refused the model, or broke the
+protocol) and not when it may (a lost link, a timeout, a busy holder).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+
+import attrs
+import trio
+
+from skulk.federation import (
+    DataReceiver,
+    Link,
+    LinkBusy,
+    LinkError,
+    Mesh,
+    PeerUnreachable,
+    RpcFailed,
+)
+from skulk.models._manifest import MAX_MANIFEST_BYTES
+from skulk.wire import FrameTooLarge, WireError
+from skulk.wire.transfer import (
+    ByteRange,
+    ManifestPart,
+    ManifestRequest,
+    RangeRequest,
+    RangesAccepted,
+    TransferBytes,
+    TransferEnd,
+    TransferFailed,
+    TransferHeader,
+    TransferReply,
+)
+
+from ._errors import PeerFailure
+from ._protocol import (
+    ITEM_CODEC,
+    MANIFEST_METHOD,
+    RANGES_METHOD,
+    REPLY_CODEC,
+    REQUEST_CODEC,
+    TransferTimeouts,
+    decode_item,
+)
+
+#: Refusals that asking the same holder again cannot change (for this model and manifest).
+LASTING_REFUSALS = frozenset(
+    {
+        "bad_request",
+        "unknown_model",
+        "not_holder",
+        "no_manifest",
+        "manifest_mismatch",
+        "unknown_file",
+        "bad_range",
+        "no_handler",
+        "handler_failed",
+    }
+)
+
+
+@attrs.frozen
+class TransferStatistics:
+    """A snapshot of a :class:`WeightClient`."""
+
+    #: fetches running now (one per model at a time), and range requests waiting or reading
+    fetching: int
+    waiting: int
+    #: file bytes received, pieces verified and recorded, pieces that failed their hash
+    bytes_received: int
+    pieces_verified: int
+    pieces_corrupt: int
+    #: incoming streams closed for want of a header naming an awaited request
+    streams_refused: int
+
+
+@attrs.frozen
+class _Handoff:
+    receiver: DataReceiver
+    done: trio.Event
+
+
+@attrs.frozen
+class _Pending:
+    node: str
+    slot: trio.MemorySendChannel[_Handoff]
+
+
+class RangeStream:
+    """The bytes of one accepted range request (see :meth:`WeightClient.open_ranges`)."""
+
+    def __init__(self, client: WeightClient, peer: str, receiver: DataReceiver) -> None:
+        self._client = client
+        self.peer = peer
+        self._receiver = receiver
+
+    async def receive(self) -> memoryview:
+        """The next bytes (a view into the chunk, not a copy); ``trio.EndOfChannel`` once
+        every requested byte came. :class:`PeerFailure` otherwise."""
+        idle = self._client.timeouts.idle
+        with trio.move_on_after(idle):
+            try:
+                chunk = await self._receiver.receive()
+            except trio.EndOfChannel:
+                raise self._fail("its stream ended without an end", lasting=True) from None
+            except PeerUnreachable as exc:
+                raise self._fail(str(exc), lasting=False) from None
+            try:
+                item = decode_item(chunk)
+            except WireError as exc:
+                raise self._fail(f"a malformed chunk: {exc}", lasting=True) from None
+            match item:
+                case memoryview():
+                    self._client.bytes_received += len(item)
+                    return item
+                case TransferBytes(data=data):
+                    self._client.bytes_received += len(data)
+                    return memoryview(data)
+                case TransferEnd():
+                    raise trio.EndOfChannel
+                case TransferFailed(reason=reason, message=message):
+                    lasting = reason != "stopping"
+                    raise PeerFailure(
+                        self.peer, f"{reason}: {message}", lasting=lasting, reason=reason
+                    )
+                case TransferHeader():
+                    raise self._fail("a second header on its stream", lasting=True)
+        raise self._fail(f"nothing on its stream for {idle:g} s", lasting=False)
+
+    def _fail(self, why: str, *, lasting: bool) -> PeerFailure:
+        return PeerFailure(self.peer, why, lasting=lasting)
+
+
+class WeightClient:
+    """Asks holders for manifests and byte ranges over ``mesh`` (see the module doc), and
+    keeps the per-node counters and the per-model fetch locks of
+    :func:`~skulk.transfer.fetch_model`. Wiring: :meth:`handle_stream` gets the transfer
+    streams of the node's stream handler."""
+
+    def __init__(self, mesh: Mesh, *, timeouts: TransferTimeouts = TransferTimeouts()) -> None:  # noqa: B008
+        self._mesh = mesh
+        self.timeouts = timeouts
+        self._waiting: dict[str, _Pending] = {}
+        self._locks: dict[Path, trio.Lock] = {}
+        self.fetching = 0
+        self.bytes_received = self.pieces_verified = self.pieces_corrupt = 0
+        self.streams_refused = 0
+
+    @property
+    def node_id(self) -> str:
+        return self._mesh.node_id
+
+    def linked(self, peer: str) -> bool:
+        return self._mesh.link(peer) is not None
+
+    def statistics(self) -> TransferStatistics:
+        return TransferStatistics(
+            fetching=self.fetching,
+            waiting=len(self._waiting),
+            bytes_received=self.bytes_received,
+            pieces_verified=self.pieces_verified,
+            pieces_corrupt=self.pieces_corrupt,
+            streams_refused=self.streams_refused,
+        )
+
+    def lock(self, store: Path) -> trio.Lock:
+        """The lock serialising fetches into one store directory."""
+        return self._locks.setdefault(store, trio.Lock())
+
+    # ---- incoming streams ----
+
+    async def handle_stream(self, peer: str, receiver: DataReceiver) -> None:
+        """Hand a transfer stream to the request waiting for it and return once that request
+        is done with it. A stream whose first chunk is not the header of a request this node
+        asked ``peer`` (and still waits for), or brings none within ``timeouts.header``, is
+        closed at once (which stops it on the holder)."""
+        handoff: _Handoff | None = None
+        with trio.move_on_after(self.timeouts.header):
+            handoff = await self._claim(peer, receiver)
+        if handoff is None:
+            self.streams_refused += 1
+            with trio.CancelScope(shield=True):
+                await receiver.aclose()
+            return
+        await handoff.done.wait()
+
+    async def _claim(self, peer: str, receiver: DataReceiver) -> _Handoff | None:
+        try:
+            header = ITEM_CODEC.decode(await receiver.receive())
+        except (WireError, trio.EndOfChannel, PeerUnreachable):
+            return None
+        if not isinstance(header, TransferHeader):
+            return None
+        pending = self._waiting.get(header.request_id)
+        if pending is None or pending.node != peer:
+            return None
+        handoff = _Handoff(receiver, trio.Event())
+        try:
+            pending.slot.send_nowait(handoff)
+        except (trio.WouldBlock, trio.BrokenResourceError):
+            return None
+        return handoff
+
+    # ---- requests ----
+
+    async def manifest(self, peer: str, model: str, sha256: str) -> bytes:
+        """The manifest bytes of ``model`` from ``peer`` (unchecked: the caller hashes them)."""
+        body = bytearray()
+        total: int | None = None
+        while total is None or len(body) < total:
+            reply = await self._call(
+                peer,
+                MANIFEST_METHOD,
+                REQUEST_CODEC.encode(ManifestRequest(model, sha256, len(body))),
+            )
+            if not isinstance(reply, ManifestPart):
+                raise PeerFailure(peer, "answered a manifest request wrongly", lasting=True)
+            if total is None:
+                total = reply.total
+                if not 0 < total <= MAX_MANIFEST_BYTES:
+                    raise PeerFailure(peer, f"a manifest of {total} bytes", lasting=True)
+            if reply.total != total or not reply.body or len(body) + len(reply.body) > total:
+                raise PeerFailure(peer, "manifest parts that do not add up", lasting=True)
+            body += reply.body
+        return bytes(body)
+
+    @asynccontextmanager
+    async def open_ranges(
+        self, peer: str, model: str, sha256: str, file: str, ranges: Sequence[ByteRange]
+    ) -> AsyncIterator[RangeStream]:
+        """Ask ``peer`` for ``ranges`` of ``file``; the stream of their bytes. Leaving the
+        block closes the stream (which stops it on the holder if it has not ended)."""
+        request_id = uuid.uuid4().hex
+        link = self._mesh.link(peer)
+        if link is None:
+            raise PeerFailure(peer, "no link to it", lasting=False)
+        length = sum(r.end - r.start for r in ranges)
+        body = REQUEST_CODEC.encode(RangeRequest(request_id, model, sha256, file, tuple(ranges)))
+        slot, arrivals = trio.open_memory_channel[_Handoff](1)
+        self._waiting[request_id] = _Pending(peer, slot)
+        handoff: _Handoff | None = None
+        try:
+            reply = await self._call(peer, RANGES_METHOD, body, link)
+            if reply != RangesAccepted(request_id, length):
+                raise PeerFailure(peer, "answered a range request wrongly", lasting=True)
+            handoff = await self._answer_stream(link, peer, arrivals)
+            yield RangeStream(self, peer, handoff.receiver)
+        finally:
+            del self._waiting[request_id]
+            slot.close()
+            if handoff is None:  # a stream that arrived after we stopped waiting for it
+                with suppress(trio.WouldBlock, trio.EndOfChannel):
+                    handoff = arrivals.receive_nowait()
+            if handoff is not None:
+                with trio.CancelScope(shield=True):
+                    await handoff.receiver.aclose()
+                handoff.done.set()
+
+    async def _answer_stream(
+        self, link: Link, peer: str, arrivals: trio.MemoryReceiveChannel[_Handoff]
+    ) -> _Handoff:
+        handoff: _Handoff | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_when_closed, link, nursery.cancel_scope)
+            with trio.move_on_after(self.timeouts.header):
+                handoff = await arrivals.receive()
+            nursery.cancel_scope.cancel()
+        if handoff is not None:
+            return handoff
+        if link.closed is not None:
+            raise PeerFailure(peer, str(PeerUnreachable(link.closed)), lasting=False)
+        raise PeerFailure(
+            peer, f"its stream did not open within {self.timeouts.header:g} s", lasting=False
+        )
+
+    async def _call(
+        self, peer: str, method: str, body: bytes, link: Link | None = None
+    ) -> TransferReply:
+        link = link if link is not None else self._mesh.link(peer)
+        if link is None:
+            raise PeerFailure(peer, "no link to it", lasting=False)
+        try:
+            answer = await link.call(method, body, self.timeouts.call)
+        except RpcFailed as exc:
+            lasting = exc.reason in LASTING_REFUSALS
+            raise PeerFailure(peer, str(exc), lasting=lasting, reason=exc.reason) from None
+        except FrameTooLarge as exc:
+            raise PeerFailure(peer, f"a request too large to send: {exc}", lasting=True) from None
+        except (LinkBusy, LinkError) as exc:  # PeerUnreachable, RpcTimeout, busy
+            raise PeerFailure(peer, str(exc), lasting=False) from None
+        try:
+            return REPLY_CODEC.decode(answer)
+        except WireError as exc:
+            raise PeerFailure(peer, f"a malformed answer: {exc}", lasting=True) from None
+
+
+async def _cancel_when_closed(link: Link, scope: trio.CancelScope) -> None:
+    await link.wait_closed()
+    scope.cancel()

@@ -1,0 +1,409 @@
+"""Sharded instances of real runner processes on loopback, through the node-side Runner.
+
+Every rank is a real ``python -m skulk.runner`` driven by its own :class:`Runner` supervisor; the
+ranks form an ``mlx.distributed`` ring on ports from binding port 0. The models are generated
+(random weights, real mlx-lm architectures): a llama over three safetensors files (with an
+index) and a single-file qwen2 with tied embeddings whose heads divide by 2 and by 3. What one
+process generates is the reference: a sharded instance must give the same tokens, greedy and
+seeded-sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from skulk.models import ensure_demo_model
+from skulk.models._generated import ModelShape, write_generated_model
+from skulk.runner import (
+    CollectiveFailed,
+    CollectiveTimedOut,
+    GroupConnectTimeout,
+    GroupNotJoined,
+    GroupStopped,
+    LoadFailed,
+    RequestRejected,
+    Runner,
+    RunnerConfig,
+    RunnerWedged,
+    loopback_hosts,
+    open_local_group,
+    shard_specs,
+)
+from skulk.runner._engine import Engine
+from skulk.wire.runner import (
+    ChatMessage,
+    ChatPrompt,
+    Finished,
+    Prompt,
+    RequestFailed,
+    SamplingParams,
+    TextPrompt,
+    TokenChunk,
+)
+
+LAYERS = 4
+LLAMA = ModelShape(family="llama", layers=LAYERS, hidden_size=64, heads=4, kv_heads=2)
+QWEN2 = ModelShape(
+    family="qwen2",
+    layers=LAYERS,
+    hidden_size=96,
+    heads=6,
+    kv_heads=6,
+    intermediate_size=192,
+    tie_word_embeddings=True,  # as small qwen2 models are: the last pipeline rank keeps it
+)
+CONFIG = RunnerConfig(
+    hello_timeout=60, load_timeout=60, warmup_timeout=60, progress_timeout=30,
+    cancel_timeout=20, shutdown_grace=2, heartbeat_interval=0.1,
+)  # fmt: skip
+PROMPTS: tuple[Prompt, ...] = (
+    TextPrompt("The quick brown fox"),
+    ChatPrompt((ChatMessage("user", "hello there, how are you?"),)),
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    demo = ensure_demo_model(root / "home")
+    return {
+        "llama": write_generated_model(root / "llama", LLAMA, demo, files=3, seed=7),
+        "qwen2": write_generated_model(root / "qwen2", QWEN2, demo, files=1, seed=8),
+    }
+
+
+_engines: dict[Path, Engine] = {}
+_references: dict[tuple[Path, Prompt, SamplingParams], list[int]] = {}
+
+
+def reference(model_dir: Path, prompt: Prompt, params: SamplingParams) -> list[int]:
+    """The tokens one process generates (in this test process, cached)."""
+    key = (model_dir, prompt, params)
+    if key not in _references:
+        if model_dir not in _engines:
+            _engines[model_dir] = Engine.load(model_dir, lambda n, total: None)
+        gen = _engines[model_dir].start(prompt, params)
+        tokens: list[int] = []
+        while True:
+            step = gen.step()
+            tokens += step.token_ids
+            if step.finish_reason is not None:
+                break
+        _references[key] = tokens
+    return _references[key]
+
+
+async def generate(
+    runner: Runner, rid: str, prompt: Prompt, params: SamplingParams
+) -> tuple[list[int], object]:
+    """The request's tokens and its last event."""
+    tokens: list[int] = []
+    last: object = None
+    async with runner.open_request(rid, prompt, params) as events:
+        async for event in events:
+            if isinstance(event, TokenChunk):
+                tokens += event.token_ids
+            last = event
+    return tokens, last
+
+
+def alive(pid: int | None) -> bool:
+    assert pid is not None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("family", "sharding", "world"),
+    [
+        ("llama", "pipeline", 2),
+        ("llama", "pipeline", 3),
+        ("llama", "tensor", 2),
+        ("qwen2", "pipeline", 2),
+        ("qwen2", "tensor", 3),
+    ],
+)
+async def test_sharded_instance_generates_what_one_process_does(
+    models: dict[str, Path], family: str, sharding: str, world: int
+) -> None:
+    model = models[family]
+    phases: list[str] = []
+    specs = shard_specs(sharding, loopback_hosts(world), LAYERS)  # type: ignore[arg-type]
+    # Three ranks on two cores are slow (a rank waiting in a collective spins a core): one
+    # prompt is enough there.
+    prompts = PROMPTS if world == 2 else PROMPTS[:1]
+    with trio.fail_after(120):
+        async with open_local_group(family, str(model), specs, CONFIG) as group:
+            rank0 = group.runners[0]
+            for i, prompt in enumerate(prompts):
+                for j, params in enumerate((GREEDY, SAMPLED)):
+                    tokens, last = await generate(rank0, f"r{i}{j}", prompt, params)
+                    assert isinstance(last, Finished), last
+                    want = reference(model, prompt, params)
+                    assert len(want) >= 8  # a real sequence, not an early end
+                    assert tokens == want, (prompt, params)
+            with pytest.raises(RequestRejected) as refused:
+                async with group.runners[1].open_request("x", PROMPTS[0], GREEDY):
+                    pass
+            assert refused.value.reason == "not_rank_zero"
+            phases = [e.detail for e in group.runners[-1].flight_events() if e.kind == "phase"]
+            assert all(r.world == world for r in group.runners)
+    assert any(p.startswith("connecting") for p in phases)
+    assert all(r.failure is None for r in group.runners)
+
+
+async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path]) -> None:
+    """Two seeded requests at once give what each gives alone; a cancelled request's slot is
+    freed on every rank (rank 1 traces the free), and the instance goes on serving; stopping
+    rank 0 ends every rank cleanly."""
+    model = models["llama"]
+    specs = shard_specs("pipeline", loopback_hosts(2), LAYERS)
+    params = [attrs.evolve(SAMPLED, seed=s, max_tokens=24) for s in (11, 12)]
+    with trio.fail_after(120):
+        async with open_local_group("llama", str(model), specs, CONFIG) as group:
+            rank0, rank1 = group.runners
+            results: dict[int, list[int]] = {}
+
+            async def one(i: int) -> None:
+                tokens, last = await generate(rank0, f"c{i}", PROMPTS[i], params[i])
+                assert isinstance(last, Finished)
+                results[i] = tokens
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, 0)
+                nursery.start_soon(one, 1)
+            for i in (0, 1):
+                assert results[i] == reference(model, PROMPTS[i], params[i])
+            # They were open at once: the second took slot 1 while the first held slot 0.
+            await until_traced(rank1, "open 1", first_at(rank0, "request.start"))
+            long = SamplingParams(temperature=1.0, seed=3, max_tokens=1500)
+            async with rank0.open_request("long", PROMPTS[0], long) as events:
+                first = await events.receive()
+                assert isinstance(first, TokenChunk)
+            # Leaving early cancelled it: rank 0 answers, and frees the slot everywhere.
+            while rank0.statistics().cancelled < 1:  # noqa: ASYNC110 - the runner's answer
+                await trio.sleep(0.02)
+            await until_traced(rank1, "free", first_at(rank0, "request.cancel"))
+            tokens, last = await generate(rank0, "after", PROMPTS[1], GREEDY)
+            assert isinstance(last, Finished)
+            assert tokens == reference(model, PROMPTS[1], GREEDY)
+            # Rank 0's node stops it: the whole group leaves cleanly.
+            group.stop(0)
+            await group.ended[0].wait()
+            await group.ended[1].wait()
+    assert rank0.phase == "stopped" and rank0.failure is None
+    assert isinstance(rank1.failure, GroupStopped) and not rank1.failure.retryable
+    assert [r.statistics().exit_code for r in group.runners] == [0, 0]
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["mid-decode", "idle"])
+async def test_sigstop_of_a_rank_fails_the_group_within_its_deadlines(
+    models: dict[str, Path], busy: bool
+) -> None:
+    """Rank 1 stopped, mid-decode or while the group idles: rank 0's watchdog ends rank 0
+    (collective_timeout; an open request ends), and rank 1's own node finds it wedged
+    (progress deadline)."""
+    collective, progress = 2.0, 4.0
+    config = attrs.evolve(CONFIG, progress_timeout=progress)
+    specs = shard_specs("pipeline", loopback_hosts(2), LAYERS, collective_timeout=collective)
+    with trio.fail_after(120):
+        async with open_local_group("llama", str(models["llama"]), specs, config) as group:
+            rank0, rank1 = group.runners
+            pid1 = rank1.statistics().pid
+            assert pid1 is not None
+            try:
+                if busy:
+                    long = SamplingParams(temperature=1.0, seed=5, max_tokens=1500)
+                    async with rank0.open_request("r", PROMPTS[0], long) as events:
+                        assert isinstance(await events.receive(), TokenChunk)
+                        os.kill(pid1, signal.SIGSTOP)
+                        stopped = trio.current_time()
+                        last: object = None
+                        async for event in events:
+                            last = event
+                        assert not isinstance(last, (Finished, RequestFailed))
+                else:
+                    os.kill(pid1, signal.SIGSTOP)
+                    stopped = trio.current_time()
+                await group.ended[0].wait()
+                assert trio.current_time() - stopped < collective + 5
+                await group.ended[1].wait()
+                assert trio.current_time() - stopped < progress + 5
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid1, signal.SIGCONT)
+    assert isinstance(rank0.failure, CollectiveTimedOut)
+    assert not rank0.failure.retryable
+    assert f"took > {collective:g}s" in rank0.failure.message
+    waited = "forward(decode)" if busy else "broadcast(control)"
+    assert rank0.failure.message.startswith(waited), rank0.failure.message
+    assert isinstance(rank1.failure, RunnerWedged)
+    assert any(e.kind == "collective" for e in rank0.flight_events())
+    assert not alive(rank0.statistics().pid) and not alive(pid1)
+
+
+async def test_sigkill_of_a_rank_mid_prefill_ends_the_others(models: dict[str, Path]) -> None:
+    """A rank killed while a long prompt is prefilled: the others' next collective fails at
+    once (the ring notices the closed sockets, no deadline needed) and each exits with a typed
+    failure."""
+    specs = shard_specs("pipeline", loopback_hosts(3), LAYERS, collective_timeout=10)
+    prompt = TextPrompt(" ".join(f"word{i}" for i in range(400)))  # ~1500 tokens: 3 chunks
+    with trio.fail_after(120):
+        async with open_local_group(
+            "llama", str(models["llama"]), specs, CONFIG, faults={2: "slow@prefill:0.5"}
+        ) as group:
+            rank0 = group.runners[0]
+            async with rank0.open_request("p", prompt, GREEDY) as events:
+                await until_traced(rank0, "forward(prefill)", first_at(rank0, "request.start"))
+                pid2 = group.runners[2].statistics().pid
+                assert pid2 is not None
+                killed = trio.current_time()
+                os.kill(pid2, signal.SIGKILL)
+                received = [event async for event in events]
+                await group.ended[0].wait()
+                await group.ended[1].wait()
+                assert trio.current_time() - killed < 10
+    assert received == []  # still prefilling when killed; then the channel just ends
+    for runner in group.runners[:2]:
+        assert isinstance(runner.failure, CollectiveFailed), runner.failure
+        assert not runner.failure.retryable
+        assert "connection to a peer was lost" in runner.failure.message
+
+
+def first_at(runner: Runner, kind: str) -> float:
+    return next(e.at for e in runner.flight_events() if e.kind == kind)
+
+
+async def until_traced(runner: Runner, text: str, since: float) -> None:
+    """Until ``runner``'s recorder holds a collective entry that mentions ``text`` and began
+    after wall-clock time ``since`` (a runner sends its trace every heartbeat interval)."""
+    while not any(  # noqa: ASYNC110 - the recorder has no event to wait on
+        e.kind == "collective" and text in e.detail and e.at > since for e in runner.flight_events()
+    ):
+        await trio.sleep(0.02)
+
+
+async def test_a_rank_that_never_joins_fails_the_group_formation(models: dict[str, Path]) -> None:
+    connect = 3.0
+    specs = shard_specs("pipeline", loopback_hosts(2), LAYERS, connect_timeout=connect)
+    with trio.fail_after(60):
+        async with open_local_group(
+            "llama",
+            str(models["llama"]),
+            specs,
+            CONFIG,
+            faults={1: "hang@connect"},
+            wait_ready=False,
+        ) as group:
+            for ended in group.ended:
+                await ended.wait()
+    rank0, rank1 = group.runners
+    assert isinstance(rank0.failure, GroupConnectTimeout), rank0.failure
+    assert isinstance(rank1.failure, GroupNotJoined), rank1.failure
+    assert not rank0.failure.retryable and not rank1.failure.retryable
+    for runner in group.runners:
+        assert runner.phase == "failed"
+        assert "connecting" in [e.detail.split(":")[0] for e in runner.flight_events()]
+        assert not alive(runner.statistics().pid)
+
+
+async def test_tensor_sharding_the_heads_do_not_divide_is_refused(
+    models: dict[str, Path],
+) -> None:
+    specs = shard_specs("tensor", loopback_hosts(3), LAYERS)
+    with trio.fail_after(60):
+        async with open_local_group(
+            "llama", str(models["llama"]), specs, CONFIG, wait_ready=False
+        ) as group:
+            for ended in group.ended:
+                await ended.wait()
+    for runner in group.runners:
+        failure = runner.failure
+        assert isinstance(failure, LoadFailed), failure
+        assert failure.reason == "unsupported_sharding" and not failure.retryable
+        assert "divisible by 3" in failure.message and "4 heads" in failure.message
+        assert "llama" in failure.message
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def single_process_logits(model_dir: Path, tokens: list[int], steps: int) -> object:
+    """The logits one process computes for the last ``steps`` decode steps of ``tokens``
+    (prefilled in the runner's chunks, then one token at a time)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    from skulk.runner._engine import PREFILL_STEP
+
+    model, _ = load_model(model_dir)
+    cache = make_prompt_cache(model)
+    prompt, forced = tokens[:-steps], tokens[-steps:]
+    while len(prompt) > 1:
+        n = min(PREFILL_STEP, len(prompt) - 1)
+        model(mx.array(prompt[:n])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        prompt = prompt[n:]
+    rows = []
+    for token in [prompt[0], *forced[:-1]]:
+        rows.append(model(mx.array([[token]]), cache=cache)[:, -1, :])
+    return np.array(mx.concatenate(rows, axis=0).astype(mx.float32))
+
+
+@pytest.mark.parametrize(
+    ("sharding", "tolerance"),
+    [
+        # The same kernels on the same shapes, the hidden state passed bit for bit: exact.
+        ("pipeline", 0.0),
+        # Each rank multiplies its slice and all_sum adds the partial results: float32 sums in
+        # another order, ~1e-6 relative on logits of magnitude ~1-10.
+        ("tensor", 1e-4),
+    ],
+)
+async def test_sharded_logits_match_one_process(
+    models: dict[str, Path], tmp_path: Path, sharding: str, tolerance: float
+) -> None:
+    import numpy as np
+
+    from tests.integration._shard_probe import PROBE_STEPS
+
+    model = models["llama"]
+    engine = Engine.load(model, lambda n, total: None)
+    text = " ".join(f"w{i}" for i in range(300))  # more than one prefill chunk
+    tokens = engine.tokenize(TextPrompt(text))[:600]
+    assert len(tokens) > 512 + PROBE_STEPS + 1
+    world = 2
+    hosts = loopback_hosts(world)
+    specs = shard_specs(sharding, hosts, LAYERS)  # type: ignore[arg-type]
+    out = tmp_path / "logits.npy"
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            for spec in specs:
+                argv = [
+                    sys.executable, "-m", "tests.integration._shard_probe", str(model), sharding,
+                    str(spec.rank), ",".join(hosts), str(spec.start), str(spec.end),
+                    ",".join(map(str, tokens)), str(out),
+                ]  # fmt: skip
+                nursery.start_soon(partial(trio.run_process, argv, cwd=REPO))
+    got = np.load(out)
+    want = single_process_logits(model, tokens, PROBE_STEPS + 1)
+    assert got.shape == want.shape == (PROBE_STEPS + 1, LLAMA.vocab_size)  # type: ignore[attr-defined]
+    diff = float(np.abs(got - want).max())
+    print(f"{sharding}: max |logits difference| {diff:g}, max |logit| {np.abs(want).max():g}")
+    assert diff <= tolerance, f"max |logits difference| {diff:g} > {tolerance:g}"
