@@ -169,7 +169,12 @@ async def serve(
 
     def make_service(a: Assignment) -> ModelService:
         card, shard = a.card, a.shard
-        part = ShardSlice(a.sharding, shard.start, shard.end, card.architecture.layers)
+        # The last rank also fetches the embedding, tied head or not: a checkpoint may carry
+        # a head tensor its config ties away (mlx-lm then drops it and uses the embedding),
+        # and a missing tensor would load as zeros from the sparse store.
+        part = ShardSlice(
+            a.sharding, shard.start, shard.end, card.architecture.layers, tied_embeddings=True
+        )
 
         async def resolve() -> Path:
             """The weights this rank needs, here (fetched from a holder if need be)."""
@@ -218,6 +223,8 @@ async def serve(
         for instance, service in list(reconciler.services.items()):
             rank = assigned[instance].rank if instance in assigned else 0
             events += runner_events(node_id, instance, rank, service.recent_runners())
+        for gone, service in list(reconciler.retired):  # re-placed or deleted a moment ago
+            events += runner_events(node_id, gone.instance, gone.rank, service.recent_runners())
         return events
 
     timeline = ClusterTimeline(

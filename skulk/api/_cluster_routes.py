@@ -142,7 +142,11 @@ def parse_placement(body: object) -> PlacementAsk:
         raise ApiError.invalid("sharding", "sharding must be single, pipeline or tensor")
     nodes = _names(body, "nodes")
     excluded = _names(body, "excluded_nodes")
-    min_nodes = _count(body, "min_nodes", 1)
+    # A sharded instance spans two nodes at least; pinned nodes are all used unless told.
+    sharded_default = len(set(nodes)) if nodes else 2
+    min_nodes = _count(body, "min_nodes", 1 if sharding == "single" else sharded_default)
+    if sharding != "single" and min_nodes < 2:
+        raise ApiError.invalid("min_nodes", f"a {sharding} instance needs min_nodes >= 2")
     max_nodes = body.get("max_nodes")
     if max_nodes is not None:
         max_nodes = _count(body, "max_nodes", 1)

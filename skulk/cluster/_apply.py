@@ -143,6 +143,7 @@ def _place(state: State, command: PlaceInstance) -> State:
     if command.sharding == "single":
         _require(addresses == [""], "bad_shards", "a single instance has no compute address")
     else:
+        _require(len(shards) >= 2, "bad_shards", f"a {command.sharding} instance has 2+ ranks")
         _require(
             all(addresses) and len(set(addresses)) == len(addresses),
             "bad_shards",

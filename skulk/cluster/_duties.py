@@ -27,7 +27,9 @@ in order; the loop asks again on its next tick, so each duty only has to make pr
      failed for a reason of its own; a rank that failed with a :data:`VICTIM_FAILURES` reason
      (it waited on a peer that stalled, or lost one) is not one. A culprit is avoided only once
      it has failed the model :data:`EXCLUDE_AFTER` times (the view's ``strikes`` plus this
-     one), so a one-off crash re-places on the same nodes.
+     one), so a one-off crash re-places on the same nodes. While only victims have reported,
+     the instance waits up to :data:`CULPRIT_WAIT_MS` for the culprit's own report (a rank
+     that never joined, or crashed, says so a moment after its peers give up on it).
 4. **Removal**: a node ``down`` for ``node_remove_after_ms`` that holds no shard is removed
    from the State (``RemoveNode``); the loop also takes it out of the Raft membership.
 
@@ -68,8 +70,13 @@ from ._state import Instance, State
 VICTIM_FAILURES = frozenset(
     {"collective_timeout", "group_connect_timeout", "collective_failed", "group_stopped"}
 )
+#: A rank's failure that says the model cannot be split this way (no re-placement helps).
+UNSUPPORTED = "unsupported_sharding"
 #: How many failures of a distributed instance a node causes before the model avoids it.
 EXCLUDE_AFTER = 2
+#: How long a distributed instance whose only failed ranks are victims waits for the culprit's
+#: own report before it is re-placed anyway (a stalled rank may never report in time).
+CULPRIT_WAIT_MS = 2000
 
 
 @attrs.frozen
@@ -158,6 +165,29 @@ def culprit_nodes(state: State, instance: Instance, down: Collection[str] = ()) 
     return frozenset(gone | own)
 
 
+def _unservable(state: State, instance: Instance) -> bool:
+    """Whether a rank of ``instance`` refused its shard as ``unsupported_sharding`` (a model
+    the runner cannot split that way, though the planner let it through): re-placing the same
+    split elsewhere cannot help, and no node is to blame."""
+    return any(
+        r.instance == instance.id and r.phase == "failed" and r.failure == UNSUPPORTED
+        for r in state.runners
+    )
+
+
+def _awaiting_culprit(state: State, instance: Instance, down: Collection[str], now_ms: int) -> bool:
+    """Whether the only failures of distributed ``instance`` so far are victims' (a peer
+    stalled or died), its nodes are all up, and the first of them is younger than
+    :data:`CULPRIT_WAIT_MS`: the rank that caused them usually reports its own failure a
+    moment later, and re-placing before it does would blame no one."""
+    if any(s.node in down for s in instance.shards):
+        return False
+    failed = [r for r in state.runners if r.instance == instance.id and r.phase == "failed"]
+    if not failed or any(r.failure not in VICTIM_FAILURES for r in failed):
+        return False
+    return now_ms - min(r.changed_at for r in failed) < CULPRIT_WAIT_MS
+
+
 def _replace(
     state: State,
     instance: Instance,
@@ -184,6 +214,14 @@ def _replace(
     else:
         strikes = view.strikes.get(instance.model, {})
         down = {n.id for n in state.nodes if n.id not in usable}
+        if _awaiting_culprit(state, instance, down, now_ms):
+            return []  # only victims have spoken: give the culprit's own report a moment
+        if _unservable(state, instance):  # the model cannot be split so: no node is to blame
+            return (
+                []
+                if instance.status == "failed"
+                else [SetInstanceStatus(instance.id, "failed", now_ms)]
+            )
         avoid |= {n for n, count in strikes.items() if count >= EXCLUDE_AFTER}
         avoid |= {
             n

@@ -390,7 +390,7 @@ def _node_counts(request: PlacementRequest, available: int) -> tuple[int, int]:
     if request.sharding == "single":
         return 1, 1
     high = available if request.max_nodes is None else min(request.max_nodes, available)
-    return max(1, request.min_nodes), high
+    return max(2, request.min_nodes), high  # a sharded instance has two ranks at least
 
 
 def _attempt(

@@ -129,9 +129,10 @@ class CollectiveWatchdog:
             frame = CollectiveTimeout(active.collective, active.step, active.seconds, self.recent())
             try:
                 self._send(frame, 1.0)
-            except OSError:
-                pass  # the node is gone: exiting is all that is left
-            self._exit(COLLECTIVE_TIMEOUT_EXIT_CODE)
+            except Exception:  # whatever it is, the rank must still exit
+                pass  # the node is gone (or the frame failed): exiting is all that is left
+            finally:
+                self._exit(COLLECTIVE_TIMEOUT_EXIT_CODE)
             return
 
 

@@ -20,6 +20,7 @@ traffic; a report that cannot commit now is tried again on the next change or ti
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -42,6 +43,8 @@ log = logging.getLogger("skulk.worker")
 
 #: How often a running service's phase is compared with what the State records.
 REPORT_INTERVAL = 0.2
+#: Instances no longer assigned here whose services (flight recorders) are kept.
+RETIRED_KEPT = 8
 
 
 class StateView(Protocol):
@@ -117,6 +120,9 @@ class Reconciler:
         self._make = make_service
         self._clock_ms = clock_ms
         self.services: dict[str, ModelService] = {}
+        self.retired: deque[tuple[Assignment, ModelService]] = deque(maxlen=RETIRED_KEPT)
+        """The last instances this node stopped serving, newest last, with their services:
+        their runners' flight recorders stay readable after a re-placement (diagnostics)."""
         self._scopes: dict[str, trio.CancelScope] = {}
         self._assigned: dict[str, Assignment] = {}
         self._broken: dict[str, str] = {}  # instance -> why its service ended with an error
@@ -173,8 +179,9 @@ class Reconciler:
         for instance in sorted(self._assigned.keys() - wanted.keys()):
             log.info("instance %s is no longer assigned here: stopping its runner", instance)
             self._scopes.pop(instance).cancel()
-            del self._assigned[instance]
-            self.services.pop(instance, None)
+            gone = self._assigned.pop(instance)
+            if (service := self.services.pop(instance, None)) is not None:
+                self.retired.append((gone, service))
             self._broken.pop(instance, None)
         for instance, assignment in sorted(wanted.items()):
             if instance in self._assigned:

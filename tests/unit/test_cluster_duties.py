@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from skulk.cluster import LeaderView, Reachable, State, apply, culprit_nodes, next_commands
+from skulk.cluster._duties import CULPRIT_WAIT_MS
 from skulk.wire.cluster import (
     Applied,
     Architecture,
@@ -157,9 +158,11 @@ def view(free: dict[str, int] | None = None, **kwargs: Any) -> LeaderView:
                       compute=PORTS, **kwargs)  # fmt: skip
 
 
-def replace_once(state: State, v: LeaderView, fresh: str = "p1") -> tuple[PlaceInstance, State]:
-    """The one command the duties give now (a whole re-placement), applied."""
-    (move,) = next_commands(state, v, 50, iter([fresh]))
+def replace_once(
+    state: State, v: LeaderView, fresh: str = "p1", now: int = 50
+) -> tuple[PlaceInstance, State]:
+    """The one command the duties give at ``now`` (a whole re-placement), applied."""
+    (move,) = next_commands(state, v, now, iter([fresh]))
     assert isinstance(move, PlaceInstance) and move.replaces == "p0"
     return move, run(state, [move])
 
@@ -211,8 +214,18 @@ def test_victims_are_not_culprits() -> None:
         ReportRunner("p0", 1, "b", "failed", "group_connect_timeout", 6),
     ])  # fmt: skip
     assert culprit_nodes(state, state.instances[0]) == frozenset()
-    move, _ = replace_once(state, view(strikes={"m": {"a": 1, "b": 1}}))
+    # Only victims have spoken: the culprit's own report is waited for, a while.
+    assert next_commands(state, view(), 5 + CULPRIT_WAIT_MS - 1, iter(["p1"])) == []
+    move, _ = replace_once(state, view(strikes={"m": {"a": 1, "b": 1}}), now=5 + CULPRIT_WAIT_MS)
     assert nodes_of(move) == ["a", "b"]
+
+
+def test_a_culprits_late_report_is_waited_for_and_blamed() -> None:
+    state = run(distributed(), [ReportRunner("p0", 0, "a", "failed", "group_connect_timeout", 5)])
+    assert next_commands(state, view(), 1000, iter(["p1"])) == []  # victim only, just now
+    state = run(state, [ReportRunner("p0", 1, "b", "failed", "group_not_joined", 900)])
+    move, _ = replace_once(state, view(strikes={"m": {"b": 1}}), now=1000)  # at once: blamed
+    assert "b" not in nodes_of(move)
 
 
 def test_a_down_node_is_a_culprit_and_the_instance_moves_off_it() -> None:
@@ -270,3 +283,13 @@ def test_moves_in_one_round_get_distinct_fresh_addresses() -> None:
     assert len(set(addresses)) == 4 and not held & set(addresses)
     after = run(state, commands)
     assert sorted(i.id for i in after.instances) == ["p1", "q1"]
+
+
+def test_a_model_the_runner_cannot_split_so_is_marked_failed_not_moved() -> None:
+    state = run(distributed("tensor"), [
+        ReportRunner("p0", 0, "a", "failed", "unsupported_sharding", 5),
+    ])  # fmt: skip
+    commands = next_commands(state, view(), 50, iter(["p1"]))
+    assert commands == [SetInstanceStatus("p0", "failed", 50)]
+    state = run(state, commands)
+    assert next_commands(state, view(), 60, iter(["p1"])) == []  # and left so, no churn

@@ -85,6 +85,8 @@ async def post(client: Any, body: object) -> Any:
         ({"model": "m", "min_nodes": 2}, "min_nodes"),
         ({"model": "m", "max_nodes": 3}, "max_nodes"),
         ({"model": "m", "sharding": "pipeline", "min_nodes": 0}, "min_nodes"),
+        ({"model": "m", "sharding": "pipeline", "min_nodes": 1}, "min_nodes"),
+        ({"model": "m", "sharding": "tensor", "nodes": ["a"]}, "min_nodes"),
         ({"model": "m", "sharding": "pipeline", "min_nodes": True}, "min_nodes"),
         ({"model": "m", "sharding": "tensor", "min_nodes": 3, "max_nodes": 2}, "max_nodes"),
         ({"model": "m", "sharding": "pipeline", "nodes": ["a", "a"]}, "nodes"),

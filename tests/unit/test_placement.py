@@ -211,6 +211,7 @@ def test_a_plan_from_state_is_a_command_apply_accepts() -> None:
     for command in (
         UpsertNode("a", "127.0.0.1:1", "127.0.0.1:2", at=1),
         UpsertNode("b", "127.0.0.1:3", "127.0.0.1:4", at=1),
+        UpsertNode("c", "127.0.0.2:3", "127.0.0.2:4", at=1),
         NodeStatusChanged("b", "down", at=2),
         RegisterModel(card),
     ):
@@ -219,10 +220,13 @@ def test_a_plan_from_state_is_a_command_apply_accepts() -> None:
     needs = model_needs(card)
     assert needs.kv_bytes_per_token == 2 * 4 * 2 * 16 * 2  # K and V, layers, kv heads, head dim
     policy = PlacementPolicy.from_config(state.config)
-    compute = {"a": ComputePorts("127.0.0.1", 9000, 9001)}
-    nodes = node_capacities(state, {"a": 4 * GIB, "b": 64 * GIB}, compute)
+    compute = {
+        "a": ComputePorts("127.0.0.1", 9000, 9001),
+        "c": ComputePorts("127.0.0.2", 9000, 9009),
+    }
+    nodes = node_capacities(state, {"a": 4 * GIB, "b": 64 * GIB, "c": 2 * GIB}, compute)
     got = plan(PlacementRequest("demo", "pipeline", min_nodes=1), {"demo": needs}, nodes, policy)
-    assert isinstance(got, Plan) and [s.node for s in got.shards] == ["a"]  # b is down
+    assert isinstance(got, Plan) and [s.node for s in got.shards] == ["a", "c"]  # b is down
     state, result = apply(state, got.command("i1", at=3))
     assert isinstance(result, Applied), result
     assert [i.id for i in state.instances] == ["i1"]
@@ -316,10 +320,17 @@ def test_compute_ports_pending_taken_or_exhausted() -> None:
                       Plan)  # fmt: skip
     pending = plan(PlacementRequest("m", "pipeline"), MODELS, bare, NO_SLACK)
     assert pending == PlacementInfoPending(("a", "b"))
-    one = [NodeCapacity("a", True, 20 * GIB, ComputePorts("h", 7000, 7000))]
-    assert plan(PlacementRequest("m", "tensor"), MODELS, one, taken={"h:7000"}) == NoComputePort(
+    two = [
+        NodeCapacity("a", True, 20 * GIB, ComputePorts("h", 7000, 7000)),
+        NodeCapacity("b", True, 10 * GIB, ComputePorts("g", 7000, 7009)),
+    ]
+    assert plan(PlacementRequest("m", "tensor"), MODELS, two, taken={"h:7000"}) == NoComputePort(
         "a", 7000, 7000
     )
+    # A sharded instance has two ranks at least: one node is not enough, whatever it has.
+    one = two[:1]
+    assert isinstance(plan(PlacementRequest("m", "pipeline", min_nodes=1), MODELS, one),
+                      NoCandidateNodes)  # fmt: skip
     # Two nodes behind one host with one port between them: the second rank finds none.
     crowded = [
         NodeCapacity("a", True, 5 * GIB, ComputePorts("h", 7000, 7000)),

@@ -111,6 +111,8 @@ async def test_runs_what_is_assigned_reports_phases_and_stops_what_is_not(
         control.commit(DeleteInstance("i1"))
         await trio.sleep(1)
         assert made["i1"].cancelled and reconciler.service("i1") is None
+        # Its service (flight recorders) stays readable for diagnostics, for a while.
+        assert [(a.instance, svc) for a, svc in reconciler.retired] == [("i1", made["i1"])]
         nursery.cancel_scope.cancel()
 
 
