@@ -3,7 +3,9 @@
 [--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
 [--baseline-no-fsync]`` and ``python -m skulk.bench placement [--json] [--nodes N]
 [--repeats N]`` and ``python -m skulk.bench cluster [--json] [--max-tokens N] [--repeats N]
-[--node-down-after S]``."""
+[--node-down-after S]`` and ``python -m skulk.bench distributed [--json] [--rounds N]
+[--max-tokens N] [--tiny] [--layers N] [--hidden-size N] [--heads N] [--kv-heads N]
+[--intermediate-size N] [--transfer-mib N] [--transfer-rounds N]``."""
 
 from __future__ import annotations
 
@@ -56,7 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument(
         "--node-down-after", type=float, default=5.0, help="the cluster's down delay (default 5)"
     )
+    distributed = sub.add_parser(
+        "distributed", help="pipeline/tensor sharding vs one runner; weight transfer; memory"
+    )
+    distributed.add_argument("--json", action="store_true", help="print only the JSON result")
+    distributed.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    distributed.add_argument("--max-tokens", type=int, default=128)
+    distributed.add_argument(
+        "--tiny", action="store_true", help="a tiny model (4 layers, hidden 64): for tests"
+    )
+    for option in ("layers", "hidden-size", "heads", "kv-heads", "intermediate-size"):
+        distributed.add_argument(f"--{option}", type=int, default=None, help="model shape")
+    distributed.add_argument("--transfer-mib", type=int, default=256, help="MiB to fetch")
+    distributed.add_argument("--transfer-rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.bench == "distributed":
+        return _distributed(args)
     if args.bench == "cluster":
         from skulk.bench._cluster import run as run_cluster
 
@@ -100,6 +117,30 @@ def _raft(args: argparse.Namespace) -> int:
     else:
         print(table(result))
         print(json.dumps(result, indent=2))
+    return 0
+
+
+def _distributed(args: argparse.Namespace) -> int:
+    from skulk.bench._distributed import run, settings_from
+
+    settings = settings_from(
+        tiny=args.tiny,
+        layers=args.layers,
+        hidden_size=args.hidden_size,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate_size=args.intermediate_size,
+        max_tokens=args.max_tokens,
+        rounds=args.rounds,
+        transfer_mib=args.transfer_mib,
+        transfer_rounds=args.transfer_rounds,
+    )
+    result = run(settings)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(result.table())
+        print(json.dumps(result.as_dict(), indent=2))
     return 0
 
 
