@@ -55,8 +55,7 @@ from skulk.federation import (
     tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
-from skulk.models import model_card
-from skulk.models._shards import ShardSlice
+from skulk.models import ShardSlice, model_card
 from skulk.routing import ROUTE_METHOD, Admission, RemoteRouting, Router
 from skulk.transfer import (
     TRANSFER_METHODS,

@@ -29,9 +29,7 @@ import numpy as np
 import trio
 
 from skulk.federation import ClusterSecret, DataReceiver, Mesh, RpcFailed
-from skulk.models import local_manifest
-from skulk.models._card import card_from_directory
-from skulk.models._shards import ShardSlice
+from skulk.models import ShardSlice, card_from_directory, local_manifest
 from skulk.transfer import TRANSFER_METHODS, WeightClient, WeightServer, fetch_model
 from skulk.transfer._protocol import CHUNK_SIZE
 from skulk.wire.cluster import ModelCard, PathSource

@@ -13,7 +13,7 @@ The demo model's chat format is ``<|role|>\\n{content}<|end|>\\n`` per message (
 ``<|end|>`` (token id 0) is its EOS token.
 """
 
-from skulk.models._card import card_from_directory, model_card, model_directory
+from skulk.models._card import card_from_directory, model_card
 from skulk.models._demo import (
     DEFAULT_DEMO_SEED,
     DEMO_MODEL_ID,
@@ -22,28 +22,42 @@ from skulk.models._demo import (
 )
 from skulk.models._errors import ModelNotFound
 from skulk.models._manifest import (
+    MAX_MANIFEST_BYTES,
+    FileStamp,
     LocalManifest,
     ManifestInvalid,
     decode_manifest,
     encode_manifest,
+    fsync_directory,
     local_manifest,
+    manifest_sha256,
+    stamps_of,
+    write_atomically,
 )
 from skulk.models._resolve import available_models, resolve_model
+from skulk.models._shards import ShardSlice, needed_tensors
 
 __all__ = [
     "DEFAULT_DEMO_SEED",
     "DEMO_MODEL_ID",
+    "MAX_MANIFEST_BYTES",
+    "FileStamp",
     "LocalManifest",
     "ManifestInvalid",
     "ModelNotFound",
+    "ShardSlice",
     "available_models",
     "card_from_directory",
     "decode_manifest",
     "encode_manifest",
     "ensure_demo_model",
+    "fsync_directory",
     "local_manifest",
+    "manifest_sha256",
     "model_card",
-    "model_directory",
+    "needed_tensors",
     "resolve_model",
+    "stamps_of",
+    "write_atomically",
     "write_demo_model",
 ]

@@ -1,8 +1,9 @@
 """Model cards: what the cluster State records about a model, read from its directory.
 
 A card is made on a node that has the model (the one started with ``--model``, or the one a
-placement names) and committed with ``RegisterModel``; every node that is assigned a shard
-turns the card's source back into a local directory with :func:`model_directory`.
+placement names) and committed with ``RegisterModel``; a node assigned a shard gets the
+weights it needs from the card (:func:`skulk.transfer.fetch_model`: generated, used in place
+on a holder, or fetched from one).
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from skulk.models._demo import DEFAULT_DEMO_SEED, DEMO_MODEL_ID, ensure_demo_model
-from skulk.models._errors import ModelNotFound
+from skulk.models._demo import DEFAULT_DEMO_SEED, DEMO_MODEL_ID
 from skulk.models._manifest import local_manifest
 from skulk.models._resolve import resolve_model
 from skulk.wire.cluster import Architecture, DemoSource, ModelCard, ModelSource, PathSource
@@ -88,15 +88,3 @@ def card_from_directory(
     return ModelCard(
         model_id, source, architecture, weights, context, manifest_sha256, tuple(sorted(holders))
     )
-
-
-def model_directory(card: ModelCard, home: Path) -> Path:
-    """The local directory of ``card``'s model on this node (slow: may generate the demo
-    model). Raises :class:`ModelNotFound` when this node does not have it."""
-    source = card.source
-    if isinstance(source, DemoSource):
-        return ensure_demo_model(home, source.seed)
-    path = Path(source.path)
-    if not (path / "config.json").is_file():
-        raise ModelNotFound(card.id, (), reason=f"{path} is not a model directory on this node")
-    return path

@@ -3,7 +3,7 @@
 **Loading.** ``mx.load`` of safetensors is lazy, so :func:`open_model` builds the whole model
 (``mlx_lm.utils.load_model(path, lazy=True)``, single-file or indexed multi-file checkpoints
 alike) without reading a weight. A pipeline rank then keeps only what
-:func:`skulk.models._shards.needed_tensors` says it needs (the rule the node also fetches
+:func:`skulk.models.needed_tensors` says it needs (the rule the node also fetches
 weights by) and evaluates just those tensors; the others are
 dropped unread, so a rank's memory holds its share of the weights. A tensor rank slices every
 weight with mlx-lm's ``model.shard(group)`` before evaluating.
@@ -42,7 +42,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from skulk.models._shards import ShardSlice, needed_tensors
+from skulk.models import ShardSlice, needed_tensors
 from skulk.runner._sampling import Sampler
 from skulk.wire.runner import SamplingParams, ShardSpec
 

@@ -32,7 +32,7 @@ from skulk.federation import (
     PeerUnreachable,
     RpcFailed,
 )
-from skulk.models._manifest import MAX_MANIFEST_BYTES
+from skulk.models import MAX_MANIFEST_BYTES
 from skulk.wire import FrameTooLarge, WireError
 from skulk.wire.transfer import (
     ByteRange,
@@ -55,6 +55,7 @@ from ._protocol import (
     REPLY_CODEC,
     REQUEST_CODEC,
     TransferTimeouts,
+    cancel_when_closed,
     decode_item,
 )
 
@@ -276,7 +277,7 @@ class WeightClient:
     ) -> _Handoff:
         handoff: _Handoff | None = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_when_closed, link, nursery.cancel_scope)
+            nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope)
             with trio.move_on_after(self.timeouts.header):
                 handoff = await arrivals.receive()
             nursery.cancel_scope.cancel()
@@ -307,8 +308,3 @@ class WeightClient:
             return REPLY_CODEC.decode(answer)
         except WireError as exc:
             raise PeerFailure(peer, f"a malformed answer: {exc}", lasting=True) from None
-
-
-async def _cancel_when_closed(link: Link, scope: trio.CancelScope) -> None:
-    await link.wait_closed()
-    scope.cancel()

@@ -8,7 +8,7 @@
 * otherwise the store ``<home>/models/.peer/<model>/`` (:mod:`skulk.transfer._store`), into
   which the pieces the shard needs and does not have yet are fetched: every small file
   (config, tokenizer, index) and safetensors header, and the tensors
-  :func:`~skulk.models._shards.needed_tensors` names for the shard. A later shard of the same model
+  :func:`~skulk.models.needed_tensors` names for the shard. A later shard of the same model
   fetches only what is still missing.
 
 Order of checks: the manifest (kept in the store, or asked of a holder) must hash to the card's
@@ -26,7 +26,6 @@ stopped, after a lost link, a cancellation or a restart of the node.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,18 +36,19 @@ import trio
 from skulk.models import (
     LocalManifest,
     ManifestInvalid,
+    ShardSlice,
     decode_manifest,
     ensure_demo_model,
     local_manifest,
+    manifest_sha256,
+    needed_tensors,
 )
-from skulk.models._manifest import manifest_sha256
-from skulk.models._shards import ShardSlice, needed_tensors
 from skulk.wire.cluster import DemoSource, ModelCard
 from skulk.wire.transfer import ByteRange, Manifest
 
 from ._client import RangeStream, WeightClient
 from ._errors import DiskFull, ManifestMismatch, NoHolderReachable, NoManifest, PeerFailure
-from ._protocol import MAX_RANGES
+from ._protocol import MAX_RANGES, positive
 from ._store import (
     FULL_ERRNOS,
     BatchWriter,
@@ -67,11 +67,6 @@ Progress = Callable[[int, int], None]
 those of the piece in flight) out of all it needs; never decreases, ends at the total."""
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{attribute.name} must be finite and > 0, not {value!r}")
-
-
 @attrs.frozen
 class FetchPolicy:
     """How a fetch asks: batch size, and the retries of holders that fail transiently."""
@@ -80,8 +75,8 @@ class FetchPolicy:
     max_pieces: int = 1024
     retry_rounds: int = 6
     """Rounds (every holder failed once) in a row without progress before giving up."""
-    initial_backoff: float = attrs.field(default=0.5, validator=_positive)
-    max_backoff: float = attrs.field(default=10.0, validator=_positive)
+    initial_backoff: float = attrs.field(default=0.5, validator=positive)
+    max_backoff: float = attrs.field(default=10.0, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.batch_bytes < 1 or not 1 <= self.max_pieces <= MAX_RANGES:
@@ -313,6 +308,12 @@ class _Fetch:
         except OSError as exc:
             raise self._disk_error(exc) from None
         ranges = _merged(pieces)
+        if not ranges:  # only empty pieces (an empty file, zero-size tensors): nothing to ask
+            try:
+                await trio.to_thread.run_sync(writer.feed, b"")
+            finally:
+                await self._settle(writer)
+            return
         try:
             async with self._client.open_ranges(
                 peer, self._card.id, self._sha, pieces[0].file, ranges

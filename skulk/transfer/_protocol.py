@@ -8,7 +8,7 @@ import math
 import attrs
 import trio
 
-from skulk.federation import DataReceiver, PeerUnreachable
+from skulk.federation import DataReceiver, Link, PeerUnreachable
 from skulk.wire import Codec, WireError
 from skulk.wire.transfer import (
     TransferBytes,
@@ -77,7 +77,8 @@ def _bytes_fast_path(chunk: bytes) -> memoryview | None:
     return memoryview(chunk)[start:]
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+def positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    """An attrs validator: a finite number > 0."""
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{attribute.name} must be finite and > 0, not {value!r}")
 
@@ -95,10 +96,10 @@ class TransferTimeouts:
       gives the stream up (a stalled fetcher cannot hold a serving slot for longer).
     """
 
-    call: float = attrs.field(default=10.0, validator=_positive)
-    header: float = attrs.field(default=10.0, validator=_positive)
-    idle: float = attrs.field(default=30.0, validator=_positive)
-    send: float = attrs.field(default=30.0, validator=_positive)
+    call: float = attrs.field(default=10.0, validator=positive)
+    header: float = attrs.field(default=10.0, validator=positive)
+    idle: float = attrs.field(default=30.0, validator=positive)
+    send: float = attrs.field(default=30.0, validator=positive)
 
 
 async def is_transfer_stream(receiver: DataReceiver, timeout: float = 10.0) -> bool:  # noqa: ASYNC109
@@ -115,3 +116,9 @@ async def is_transfer_stream(receiver: DataReceiver, timeout: float = 10.0) -> b
         except WireError:
             return False
     return False
+
+
+async def cancel_when_closed(link: Link, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` once ``link`` closes (a transfer on it cannot go on)."""
+    await link.wait_closed()
+    scope.cancel()

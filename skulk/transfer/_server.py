@@ -39,8 +39,7 @@ from skulk.federation import (
     StreamStopped,
     rpc_peer,
 )
-from skulk.models import LocalManifest, ManifestInvalid, local_manifest
-from skulk.models._manifest import FileStamp, stamps_of
+from skulk.models import FileStamp, LocalManifest, ManifestInvalid, local_manifest, stamps_of
 from skulk.wire import WireError
 from skulk.wire.cluster import ModelCard, PathSource
 from skulk.wire.transfer import (
@@ -64,6 +63,7 @@ from ._protocol import (
     REPLY_CODEC,
     REQUEST_CODEC,
     TransferTimeouts,
+    cancel_when_closed,
 )
 
 log = logging.getLogger("skulk.transfer")
@@ -358,7 +358,7 @@ class WeightServer:
         outcome: Exception | None = None
         chunks_in, chunks_out = trio.open_memory_channel[bytes | _Refuse](1)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_when_closed, link, nursery.cancel_scope)
+            nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope)
             nursery.start_soon(self._read_all, directory / request.file, request, chunks_in)
             try:
                 async for item in chunks_out:
@@ -395,8 +395,3 @@ class WeightServer:
     async def _send(self, sender: DataSender, body: bytes, *, end: bool = False) -> None:
         with trio.fail_after(self._t.send):
             await sender.send(body, end=end)
-
-
-async def _cancel_when_closed(link: Link, scope: trio.CancelScope) -> None:
-    await link.wait_closed()
-    scope.cancel()

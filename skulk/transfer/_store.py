@@ -29,7 +29,7 @@ from pathlib import Path
 
 import attrs
 
-from skulk.models._manifest import fsync_directory, manifest_sha256, write_atomically
+from skulk.models import fsync_directory, manifest_sha256, write_atomically
 from skulk.wire import Codec, WireError
 from skulk.wire.transfer import ByteRange, FileEntry, Manifest
 

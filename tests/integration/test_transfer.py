@@ -695,3 +695,25 @@ async def test_other_streams_are_not_taken_for_transfers(tmp_path: Path, card: M
             while not nodes["node-c"].other_streams:  # noqa: ASYNC110
                 await trio.sleep(0.01)
         assert nodes["node-c"].client.statistics().streams_refused == 0
+
+
+async def test_an_empty_file_in_the_model_is_fetched_without_asking_for_bytes(
+    tmp_path: Path, model: Path
+) -> None:
+    """A zero-byte file needs no range at all (a holder refuses an empty range list): it is
+    completed and recorded locally, and the rest of the fetch goes on."""
+    with_empty = Path(shutil.copytree(model, tmp_path / "with-empty"))
+    (with_empty / "generation_config.json").write_bytes(b"")
+    local = local_manifest(with_empty)
+    assert any(f.name == "generation_config.json" and f.size == 0 for f in local.manifest.files)
+    held = card_from_directory(
+        "gen", with_empty, PathSource(str(with_empty)),
+        manifest_sha256=local.sha256, holders=("node-a", "node-b"),
+    )  # fmt: skip
+    async with cluster(tmp_path, {"gen": held}) as nodes:
+        c = nodes["node-c"]
+        away = attrs.evolve(held, source=PathSource("/nonexistent/skulk-test/gen"))
+        with trio.fail_after(WITHIN):
+            out = await fetch_model(c.client, away, LAST, c.home)
+        assert (out / "generation_config.json").read_bytes() == b""
+        assert_loads_as_original(out, with_empty, local, LAST)
