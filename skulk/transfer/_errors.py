@@ -6,7 +6,10 @@ from collections.abc import Mapping
 
 
 class FetchError(Exception):
-    """Base: the weights of ``model`` could not be fetched."""
+    """Base: the weights of ``model`` could not be fetched. ``reason`` is the runner failure
+    the node reports for it (snake_case, in the State)."""
+
+    reason = "fetch_failed"
 
     def __init__(self, model: str, message: str) -> None:
         super().__init__(message)
@@ -16,6 +19,8 @@ class FetchError(Exception):
 class NoHolderReachable(FetchError):
     """No holder of the model could serve what is missing (within the retries): ``tried``
     maps each holder asked to its last error."""
+
+    reason = "no_holder_reachable"
 
     def __init__(self, model: str, tried: Mapping[str, str]) -> None:
         if tried:
@@ -30,6 +35,8 @@ class ManifestMismatch(FetchError):
     """The manifest a holder sent (or the one stored here) does not hash to the card's
     ``manifest_sha256``: a holder's files changed, or it lies."""
 
+    reason = "manifest_mismatch"
+
     def __init__(self, model: str, expected: str, detail: str) -> None:
         super().__init__(
             model, f"model {model}: no holder has the manifest {expected[:16]}… ({detail})"
@@ -40,10 +47,14 @@ class ManifestMismatch(FetchError):
 class NoManifest(FetchError):
     """The model is not on this node and its card has no manifest to fetch it by."""
 
+    reason = "no_manifest"
+
 
 class DiskFull(FetchError):
     """Not enough space for the weights: ``needed`` more bytes under ``path``, ``free`` left
     (``free`` is -1 when the file system said so only by failing a write)."""
+
+    reason = "disk_full"
 
     def __init__(self, model: str, path: str, needed: int, free: int) -> None:
         have = f"{free} bytes are free" if free >= 0 else "the disk is full (ENOSPC)"
