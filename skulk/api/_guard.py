@@ -46,6 +46,7 @@ import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from hypercorn.typing import Scope as ASGIScope
 
+from skulk.api._error_formats import render_error
 from skulk.api._openai_errors import ApiError
 
 # Inside, ASGI's shapes loosely typed: Hypercorn's TypedDict unions add nothing at this level.
@@ -136,7 +137,7 @@ class RequestGuard:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = _content_length(scope)
         if declared is not None and declared > self.drain_limit:
-            await _reply(send, ApiError.too_large(self.max_body), close=True)
+            await _reply(scope, send, ApiError.too_large(self.max_body), close=True)
             return
         body = bytearray()
         received = 0
@@ -148,17 +149,17 @@ class RequestGuard:
                 chunk = message.get("body", b"")
                 received += len(chunk)
                 if received > self.drain_limit:
-                    await _reply(send, ApiError.too_large(self.max_body), close=True)
+                    await _reply(scope, send, ApiError.too_large(self.max_body), close=True)
                     return
                 if received <= self.max_body:
                     body += chunk
                 if not message.get("more_body", False):
                     break
         if waiting.cancelled_caught:
-            await _reply(send, ApiError.body_timeout(self.body_timeout), close=True)
+            await _reply(scope, send, ApiError.body_timeout(self.body_timeout), close=True)
             return
         if received > self.max_body:  # read and dropped: the connection stays usable
-            await _reply(send, ApiError.too_large(self.max_body), close=False)
+            await _reply(scope, send, ApiError.too_large(self.max_body), close=False)
             return
         await self._app(scope, _replay(bytes(body), receive), send)
 
@@ -230,8 +231,8 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _reply(send: Send, error: ApiError, *, close: bool) -> None:
-    body = json.dumps(error.envelope()).encode()
+async def _reply(scope: Scope, send: Send, error: ApiError, *, close: bool) -> None:
+    body = json.dumps(render_error(str(scope.get("path", "")), error)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     if close:
         headers.append((b"connection", b"close"))

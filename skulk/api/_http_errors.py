@@ -23,6 +23,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import WebsocketMismatch
 
+from skulk.api._error_formats import render_error
 from skulk.api._openai_errors import INVALID_REQUEST, SERVER, ApiError, _clip
 
 log = logging.getLogger("skulk.api")
@@ -46,7 +47,7 @@ def install_error_handlers(app: QuartTrio) -> None:
 
     @app.errorhandler(ApiError)
     async def api_error(exc: ApiError) -> Response:
-        response = json_response(exc.envelope(), exc.status)
+        response = error_response(exc)
         response.headers.update(exc.headers)
         return response
 
@@ -61,7 +62,7 @@ def install_error_handlers(app: QuartTrio) -> None:
             err = ApiError.invalid(None, message, code="websocket_mismatch")
         else:
             err = _http_error(exc.code or 500, exc.description or exc.name, exc.name)
-        response = json_response(err.envelope(), err.status)
+        response = error_response(err)
         if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         return response
@@ -69,16 +70,28 @@ def install_error_handlers(app: QuartTrio) -> None:
     @app.errorhandler(Exception)
     async def internal_error(exc: Exception) -> Response:
         log.exception("unhandled error in %s", _where())
-        err = ApiError.server_error("internal server error", code="internal")
-        return json_response(err.envelope(), 500)
+        return error_response(ApiError.server_error("internal server error", code="internal"))
 
     @app.after_request
     async def no_html_errors(response: Response) -> Response:
         if response.status_code < 300 or response.mimetype != "text/html":
             return response
         status = 404 if response.status_code < 400 else response.status_code  # no redirects
-        err = _http_error(status, "", "")
-        return json_response(err.envelope(), err.status)
+        return error_response(_http_error(status, "", ""))
+
+
+def _path() -> str:
+    """The path of the request (or WebSocket) being handled, as sent; ``""`` outside one."""
+    if has_request_context():
+        return str(request.scope["path"])
+    if has_websocket_context():
+        return str(websocket.scope["path"])
+    return ""
+
+
+def error_response(err: ApiError) -> Response:
+    """``err`` as a JSON response in the envelope of the format the request's path speaks."""
+    return json_response(render_error(_path(), err), err.status)
 
 
 def _where() -> str:
