@@ -16,6 +16,11 @@ same for both (the replicas' JSON control protocol, one TCP connection per clien
 
 Ratios are ours / pysyncobj's for throughput (> 1: we commit more per second) and latency
 (< 1: we are faster).
+
+``rounds`` > 1 measures each system that many times, alternating which goes first, and
+reports the median of each figure and the median of the per-round ratios (a shared machine's
+load drifts: pairing neighbouring runs cancels most of it). ``levels`` measures several client
+counts in one run (``levels`` in the result, one entry per count).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class Settings:
     tick: float = 0.05
     election_ticks: int = 10
     baseline_fsync: bool = True
+    rounds: int = 1
+    levels: tuple[int, ...] = ()
+    """Client counts to measure (empty: just ``clients``)."""
 
     @property
     def election_timeout(self) -> float:
@@ -277,9 +285,44 @@ async def measure(system: str, settings: Settings) -> dict[str, Any]:
     return result
 
 
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over ``runs`` (failed submissions: their sum)."""
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if key in r]
+        if key == "failed_submits":
+            out[key] = sum(values)
+        else:
+            out[key] = round(statistics.median(values), 2)
+    return out
+
+
+def _ratio(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], key: str) -> float:
+    """The median over rounds of ours / theirs for ``key`` (runs paired by round)."""
+    ratios = [o[key] / t[key] for o, t in zip(ours, theirs, strict=True) if t[key] > 0]
+    return round(statistics.median(ratios), 3) if ratios else math.nan
+
+
+def _summary(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    result = _medians(ours)
+    if theirs:
+        result["throughput_ratio_vs_pysyncobj"] = _ratio(ours, theirs, "commits_per_s")
+        result["commit_p50_ratio_vs_pysyncobj"] = _ratio(ours, theirs, "commit_p50_ms")
+        result["idle_commit_p50_ratio_vs_pysyncobj"] = _ratio(ours, theirs, "idle_commit_p50_ms")
+        result["pysyncobj"] = _medians(theirs)
+    return result
+
+
 def run(settings: Settings, *, baseline: bool = True) -> dict[str, object]:
-    ours = trio.run(measure, "skulk", settings)
-    theirs = trio.run(measure, "pysyncobj", settings) if baseline else None
+    systems = ("skulk", "pysyncobj") if baseline else ("skulk",)
+    summaries = []
+    for clients in settings.levels or (settings.clients,):
+        level = attrs.evolve(settings, clients=clients)
+        runs: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
+        for round_ in range(max(1, settings.rounds)):
+            for system in systems if round_ % 2 == 0 else systems[::-1]:
+                runs[system].append(trio.run(measure, system, level))
+        summaries.append((clients, _summary(runs["skulk"], runs.get("pysyncobj", []))))
     result: dict[str, object] = {
         "benchmark": "raft",
         "replicas": 3,
@@ -289,25 +332,32 @@ def run(settings: Settings, *, baseline: bool = True) -> dict[str, object]:
         "duration_s": settings.duration,
         "election_timeout_ms": round(settings.election_timeout * 1000, 1),
         "trials": settings.trials,
-        **ours,
+        "rounds": max(1, settings.rounds),
     }
-    if theirs is not None:
-        result["throughput_ratio_vs_pysyncobj"] = round(
-            ours["commits_per_s"] / theirs["commits_per_s"], 3
-        )
-        result["commit_p50_ratio_vs_pysyncobj"] = round(
-            ours["commit_p50_ms"] / theirs["commit_p50_ms"], 3
-        )
-        result["idle_commit_p50_ratio_vs_pysyncobj"] = round(
-            ours["idle_commit_p50_ms"] / theirs["idle_commit_p50_ms"], 3
-        )
-        result["pysyncobj"] = theirs
+    if settings.levels:
+        result["levels"] = [{"clients": clients, **summary} for clients, summary in summaries]
+    else:
+        result.update(summaries[0][1])
     return result
 
 
 def table(result: dict[str, Any]) -> str:
+    if "levels" in result:
+        rows: list[tuple[str, ...]] = [("clients", "skulk/s", "pysyncobj/s", "ratio", "idle p50")]
+        for level in result["levels"]:
+            theirs = level.get("pysyncobj", {})
+            rows.append(
+                (
+                    str(level["clients"]),
+                    str(level["commits_per_s"]),
+                    str(theirs.get("commits_per_s", "-")),
+                    str(level.get("throughput_ratio_vs_pysyncobj", "-")),
+                    str(level["idle_commit_p50_ms"]),
+                )
+            )
+        return "\n".join(f"{a:<8} {b:>10} {c:>12} {d:>8} {e:>12}" for a, b, c, d, e in rows)
     theirs = result.get("pysyncobj", {})
-    rows = [("", "skulk", "pysyncobj")]
+    pairs = [("", "skulk", "pysyncobj")]
     for key in (
         "commits_per_s",
         "commit_p50_ms",
@@ -317,5 +367,5 @@ def table(result: dict[str, Any]) -> str:
         "election_p50_timeouts",
         "election_p99_timeouts",
     ):
-        rows.append((key, str(result.get(key, "-")), str(theirs.get(key, "-"))))
-    return "\n".join(f"{a:<24} {b:>10} {c:>10}" for a, b, c in rows)
+        pairs.append((key, str(result.get(key, "-")), str(theirs.get(key, "-"))))
+    return "\n".join(f"{a:<24} {b:>10} {c:>10}" for a, b, c in pairs)

@@ -59,6 +59,14 @@ class DriverConfig:
     reopen_max: float = 5.0
     """Backoff between attempts to reopen failed storage (doubling, capped)."""
     max_sessions: int = 4096
+    inline_persist_below: float = 0.005
+    """Persist in the Trio thread (no worker-thread hand-back) while recent persists waited less
+    than this many seconds for the disk; slower disks, and snapshots, go to a worker thread
+    (0: always)."""
+    busy_loop_tasks: int = 64
+    """A batch whose AppendRequests were just sent (a leader's) is persisted inline only while at
+    least this many Trio tasks are runnable (a worker thread's hand-back would wait behind them
+    all); other batches whenever the disk is fast."""
 
 
 @attrs.frozen
@@ -84,6 +92,8 @@ class DriverStatistics:
     entries_persisted: int
     #: wall time spent waiting for persists (fsyncs), seconds
     persist_seconds: float
+    #: persists run in the Trio thread (the rest ran in a worker thread)
+    inline_persists: int
     messages_sent: int
     messages_received: int
     proposals: int

@@ -146,6 +146,10 @@ class Ready:
        ``committed`` in order.
 
     ``proposed`` is where a :class:`Propose` / :class:`ProposeConfChange` landed.
+
+    (One exception, taken by :class:`~skulk.consensus.RaftDriver`: a leader's AppendRequests
+    may go out before the sync when nothing is applied, and no commit index told, beyond what
+    is durable on the leader; ``specs/consensus.md`` §1.)
     """
 
     hard_state: HardState | None = None

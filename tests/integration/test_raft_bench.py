@@ -49,3 +49,14 @@ def test_raft_bench_compares_with_pysyncobj() -> None:
         assert isinstance(baseline[key], int | float) and baseline[key] > 0, key
     ratio = result["throughput_ratio_vs_pysyncobj"]
     assert isinstance(ratio, float) and ratio > 0
+
+
+def test_raft_bench_measures_levels_in_interleaved_rounds() -> None:
+    result = bench("--no-baseline", "--levels", "2,3", "--rounds", "2", "--trials", "0")
+    assert result["rounds"] == 2
+    levels = result["levels"]
+    assert isinstance(levels, list)
+    assert [level["clients"] for level in levels] == [2, 3]
+    for level in levels:
+        assert level["commits_per_s"] > 0 and level["idle_commit_p50_ms"] > 0
+        assert level["failed_submits"] == 0 and "pysyncobj" not in level

@@ -2,13 +2,14 @@
 network, plus the pure pieces it uses (sessions, snapshots, the forwarding codec) and one run
 over the real federation mesh on loopback.
 
-Real time with short ticks (the driver's persists run in worker threads, so a mock clock would
-jump); waits are polls with deadlines, never sleeps as synchronisation.
+Real time with short ticks (the driver's persists do real I/O, inline or in worker threads, so a
+mock clock would jump); waits are polls with deadlines, never sleeps as synchronisation.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -57,11 +58,13 @@ WAIT = 15.0  # generous: a 2-core CI machine under load
 
 
 class FillableDisk:
-    """An :class:`OsDisk` whose appends and fsyncs raise :class:`DiskFull` while ``full``."""
+    """An :class:`OsDisk` whose appends and fsyncs raise :class:`DiskFull` while ``full``, and
+    whose fsyncs wait for ``hold`` while one is set (run persists in worker threads then)."""
 
     def __init__(self, inner: OsDisk) -> None:
         self.inner = inner
         self.full = False
+        self.hold: threading.Event | None = None
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
@@ -74,6 +77,8 @@ class FillableDisk:
     def fsync(self, name: str) -> None:
         if self.full:
             raise DiskFull(28, "No space left on device (test)", name)
+        if self.hold is not None:
+            self.hold.wait(WAIT)
         self.inner.fsync(name)
 
 
