@@ -132,6 +132,11 @@ class ServeConfig:
     max_queue: int = 64
     # what this node offers to placement
     memory_limit: int | None = None
+    # a runner's KV memory for running requests, and for kept prefixes (None: the runner's
+    # defaults, see skulk.runner._batch and skulk.runner._prefix_cache)
+    kv_cache_memory: int | None = None
+    prefix_cache_memory: int | None = None
+    speculative_tokens: int | None = None  # None: the runner's default
     compute_ports: str = ""  # LO-HI; "" derives them from the federation port
     compute_host: str = ""  # "" is the --listen host (the hostname for a wildcard)
     # federation
@@ -142,6 +147,31 @@ class ServeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    # API keys (skulk.api._auth): one of them is required on every route but /health
+    api_key: tuple[str, ...] = attrs.field(default=(), repr=False)
+    api_key_file: Path | None = None
+
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key clients may use: ``--api-key``'s, then ``--api-key-file``'s (one per
+        line; blank lines and lines starting with ``#`` are skipped), each once. Raises
+        ``ValueError`` naming the file when it cannot be read or a line is not a key."""
+        keys = list(self.api_key)
+        if self.api_key_file is not None:
+            where = f"--api-key-file {self.api_key_file}"
+            try:
+                lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{where}: cannot read it: {exc}") from None
+            for number, line in enumerate(lines, 1):
+                key = line.strip()
+                if not key or key.startswith("#"):
+                    continue
+                if (problem := _api_key(key)) is not None:
+                    raise ValueError(f"{where}: line {number} is not {problem}")
+                keys.append(key)
+            if not keys:
+                raise ValueError(f"{where}: no key in it")
+        return tuple(dict.fromkeys(keys))
 
     def ensured_model(self, *, founder: bool) -> str | None:
         """The model this node makes sure the cluster has an instance of: ``--model``; the
@@ -226,6 +256,10 @@ class ServeConfig:
             shutdown_grace=self.shutdown_grace,
             heartbeat_interval=self.heartbeat_interval,
             faults=self.runner_faults,
+            kv_cache_bytes=self.kv_cache_memory,
+            prefix_cache_bytes=self.prefix_cache_memory,
+            kv_waiting=self.max_queue,
+            speculative_tokens=self.speculative_tokens,
         )
 
 
@@ -319,6 +353,17 @@ def _positive_size(value: object) -> str | None:
     return None if value > 0 else "a size in bytes > 0"
 
 
+def _size(value: object) -> str | None:
+    assert isinstance(value, int)
+    return None if value >= 0 else "a size in bytes >= 0"
+
+
+def _api_key(value: object) -> str | None:
+    text = str(value)
+    ok = text and all(33 <= ord(c) <= 126 for c in text) and "," not in text
+    return None if ok else "an API key: printable ASCII, no spaces or commas"
+
+
 def _file(value: object) -> str | None:
     assert isinstance(value, Path)
     return None if value.expanduser().is_file() else "an existing file"
@@ -400,6 +445,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_limit", ByteSize,
            "advertise at most this much memory to placement (512M, 2G, ...): available is "
            "at most the limit less what this node's runners use", _positive_size),
+    Option("kv_cache_memory", ByteSize,
+           "KV-cache memory each runner gives its running requests (512M, 2G, ...); a request "
+           "reserves its prompt plus max_tokens, others wait for room (default: half the "
+           "memory available when the runner loaded, at least one full context)",
+           _positive_size),
+    Option("prefix_cache_memory", ByteSize,
+           "memory each runner keeps KV state of earlier prompts in for reuse (system "
+           "prompts, earlier chat turns), least recently used evicted first; 0 disables "
+           "(default: 256M)", _size),
+    Option("speculative_tokens", int,
+           "most tokens a runner drafts per step by n-gram (prompt-lookup) speculative "
+           "decoding while one request runs alone; it drafts only while measured to pay; 0 "
+           "disables (default: 6)", _count),
     Option("compute_ports", str,
            "LO-HI: ports this node's runners may listen on for pipeline/tensor compute "
            f"groups (default: {COMPUTE_PORTS_COUNT} ports from the federation port + "
@@ -422,6 +480,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("tls_ca", Path,
            "PEM CA bundle that wss:// peers' certificates are verified against (each must name "
            "the host it is dialed by); needed to --join wss://", _file),
+    Option("api_key", str,
+           "a key clients must send (Authorization: Bearer KEY, or x-api-key: KEY) on every "
+           "HTTP route but /health (repeatable; the variable is comma-separated)", _api_key,
+           multiple=True),
+    Option("api_key_file", Path,
+           "file of API keys, one per line (# starts a comment), allowed besides --api-key",
+           _file),
 )  # fmt: skip
 
 
@@ -446,7 +511,7 @@ def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfi
         if raw is None:
             raw, source = env.get(opt.env), opt.env
             if raw is not None and opt.multiple:
-                raw = [part for part in raw.split(",") if part.strip()]
+                raw = [part.strip() for part in raw.split(",") if part.strip()]
         if raw is None:
             continue
         parsed = tuple(_value(opt, item, source) for item in raw) if opt.multiple else None
@@ -463,6 +528,7 @@ def serve_config(args: argparse.Namespace, env: Mapping[str, str]) -> ServeConfi
         wss := [u for u in config.join if u.strip().lower().startswith("wss:")]
     ):
         raise ValueError(f"--join {wss[0]!r}: a wss:// peer needs --tls-ca")
+    config.api_keys()  # reads --api-key-file now: a bad one is a command-line error
     return config
 
 

@@ -31,7 +31,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from skulk.api import create_app, envelope_hypercorn_errors
+from skulk.api import create_app, envelope_hypercorn_errors, exposure_warning
 from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
@@ -56,7 +56,7 @@ from skulk.federation import (
 )
 from skulk.identity import load_or_create_node_id
 from skulk.models import ShardSlice, model_card
-from skulk.routing import ROUTE_METHOD, Admission, RemoteRouting, Router
+from skulk.routing import ASK_METHOD, ROUTE_METHOD, Admission, RemoteRouting, Router
 from skulk.transfer import (
     TRANSFER_METHODS,
     WeightClient,
@@ -87,6 +87,13 @@ async def serve(
         log.warning(
             "runner fault hooks are ON (%s): this node is for testing only", config.runner_faults
         )
+    try:
+        api_keys = config.api_keys()
+    except ValueError as exc:  # the key file changed since the command line was read
+        raise StartupError(str(exc)) from None
+    if (warning := exposure_warning(config.host, has_keys=bool(api_keys))) is not None:
+        # Printed, not logged: it must show whatever --log-level says.
+        print(f"skulk: WARNING: {warning}", file=sys.stderr, flush=True)
     node_id = load_or_create_node_id(config.home)
     try:
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
@@ -234,6 +241,7 @@ async def serve(
             SUBMIT_METHOD: consensus.handle_rpc,
             CONTROL_METHOD: control.handle_rpc,
             ROUTE_METHOD: remote.handle_rpc,
+            ASK_METHOD: remote.handle_rpc,
             TIMELINE_METHOD: timeline.handle_rpc,
             **dict.fromkeys(TRANSFER_METHODS, weights_server.handle_rpc),
         }
@@ -246,6 +254,7 @@ async def serve(
         gossip=gossip,
         consensus=consensus,
         timeline=timeline,
+        api_keys=api_keys,
     )
     envelope_hypercorn_errors()  # the answers Hypercorn gives without the app: the envelope too
     hc = HypercornConfig()

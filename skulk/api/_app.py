@@ -1,5 +1,6 @@
-"""The Quart-Trio application: OpenAI-compatible routes (any model of the cluster, through the
-router), health, diagnostics, the cluster routes and the WebSocket endpoint.
+"""The Quart-Trio application: the client formats' routes (OpenAI Chat Completions, Completions
+and Responses, Anthropic Messages; any model of the cluster, through the router), health,
+diagnostics, the cluster routes and the WebSocket endpoint.
 
 Every request runs under :class:`~skulk.api._guard.RequestGuard` (whole body first, one log
 line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http_errors`).
@@ -8,7 +9,7 @@ line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -16,17 +17,26 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from skulk.api._anthropic import parse_count_tokens, parse_messages
+from skulk.api._auth import install_api_keys
+from skulk.api._choices import choice_count, choice_params, complete_choices, open_choices
 from skulk.api._cluster_routes import install_cluster_routes
 from skulk.api._diagnostic_routes import install_timeline_route
+from skulk.api._embeddings import install_embedding_routes
 from skulk.api._guard import RequestGuard, close_with_request
 from skulk.api._http_errors import install_error_handlers, json_response
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, parse_json_body
+from skulk.api._ollama_routes import install_ollama_routes
 from skulk.api._openai import ApiError, parse_chat_completions, parse_completions
+from skulk.api._openapi import openapi_document
+from skulk.api._responses import parse_responses
 from skulk.api._stream import (
     ROUTING_ERRORS,
     Items,
+    Opened,
     Request,
     complete,
+    count_prompt_tokens,
     open_stream,
     routing_error,
     sse_body,
@@ -63,10 +73,12 @@ def create_app(
     gossip: TelemetryGossip | None = None,
     consensus: ConsensusService[State] | None = None,
     timeline: ClusterTimeline | None = None,
+    api_keys: Sequence[str] = (),
 ) -> QuartTrio:
     """The HTTP API of a node: requests for any model go through ``router``; ``local`` are
     the instances this node runs (health, diagnostics); ``control`` adds the cluster routes;
-    ``timeline`` adds ``GET /v1/diagnostics/cluster/timeline``."""
+    ``timeline`` adds ``GET /v1/diagnostics/cluster/timeline``; ``api_keys``, when given, are
+    required on every route but ``/health`` (:mod:`skulk.api._auth`)."""
     app = QuartTrio("skulk", static_folder=None)  # no /static route: every path is ours
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
@@ -77,6 +89,7 @@ def create_app(
         access_log=logging.getLogger("skulk.access"),
     )
     install_error_handlers(app)
+    install_api_keys(app, api_keys)  # every route but /health needs a key, when keys are set
     if control is not None:
         readings = (
             (lambda: {n: e.readings for n, e in gossip.store.view.items()})
@@ -91,6 +104,12 @@ def create_app(
         """The one instance this node runs, if it runs exactly one (the usual single node)."""
         services = list(local.services.values())
         return services[0] if len(services) == 1 else None
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        """The OpenAPI document of the routes installed here (behind the key, when set)."""
+        document = openapi_document(cluster=control is not None, timeline=timeline is not None)
+        return _json(document, 200)
 
     @app.get("/health")
     async def health() -> Response:
@@ -177,6 +196,9 @@ def create_app(
         }
         if listing.failure:
             card["failure"] = listing.failure
+        if (registered := router.card(listing.id)) is not None:
+            # the length of its embeddings (/v1/embeddings): the model's hidden size
+            card["embedding_dimensions"] = registered.architecture.hidden_size
         return card
 
     @app.get("/v1/models")
@@ -193,22 +215,51 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        return await _generate(parse_chat_completions(await _body()))
+        return await _generate(parse_chat_completions(await _body()).generate_request())
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        return await _generate(parse_completions(await _body()))
+        return await _generate(parse_completions(await _body()).generate_request())
+
+    @app.post("/v1/responses")
+    async def responses() -> Response:
+        return await _generate(parse_responses(await _body()))
+
+    @app.post("/v1/messages")
+    async def messages() -> Response:
+        # ``anthropic-version`` is accepted whatever its value: we serve one shape of the
+        # Messages API (see docs/api.md).
+        return await _generate(parse_messages(await _body()))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens() -> Response:
+        req = parse_count_tokens(await _body())
+        route = _route(req)
+        count = await count_prompt_tokens(router.count_tokens(route, req.prompt), req)
+        return _routed(_json({"input_tokens": count}, 200), route)
 
     def start(req: Request) -> tuple[Route, Items]:
         """Route ``req`` and make its generation (not started); :class:`ApiError` when no
         instance can take it."""
-        try:
-            route = router.route(req.model)
-        except ROUTING_ERRORS as exc:
-            raise routing_error(exc) from None
+        route = _route(req)
         return route, router.generate(route, req.prompt, req.params)
 
+    def start_choices(req: Request) -> tuple[Route, list[Items]]:
+        """Route ``req`` once and make the generation of each of its choices (not started),
+        all on that instance (they batch on its runner), each with its own seed."""
+        route = _route(req)
+        params = choice_params(req.params, choice_count(req))
+        return route, [router.generate(route, req.prompt, p) for p in params]
+
+    def _route(req: Request) -> Route:
+        try:
+            return router.route(req.model)
+        except ROUTING_ERRORS as exc:
+            raise routing_error(exc) from None
+
     async def _generate(req: Request) -> Response:
+        if choice_count(req) > 1:
+            return await _generate_choices(req)
         route, items = start(req)
         if not req.stream:
             response = _json(await complete(items, req), 200)
@@ -218,18 +269,44 @@ def create_app(
             # so it is cancelled on the runner even if the response body is never iterated.
             opened = await open_stream(items, req)
             close_with_request(opened.aclose)
-            response = Response(sse_body(opened), status=200, content_type="text/event-stream")
-            response.headers["Cache-Control"] = "no-cache"
-            response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut long streams
-        response.headers["x-skulk-instance"] = route.instance
-        response.headers["x-skulk-node"] = route.node
-        return response
+            response = _sse_response(opened)
+        return _routed(response, route)
+
+    async def _generate_choices(req: Request) -> Response:
+        """As :func:`_generate`, for a request with several choices (:mod:`skulk.api._choices`)."""
+        route, choices = start_choices(req)
+        if not req.stream:
+            response = _json(await complete_choices(choices, req), 200)
+        else:
+            # The choices run in tasks of the app's nursery, since the response body outlives
+            # this handler; the request owns them, as a single generation above.
+            opened = await open_choices(app.nursery, choices, req)
+            close_with_request(opened.aclose)
+            response = _sse_response(opened)
+        return _routed(response, route)
+
+    install_ollama_routes(app, router, start, _body)
+    install_embedding_routes(app, router, _body)
 
     @app.websocket("/v1/ws")
     async def ws() -> None:
-        await serve_websocket(start)
+        await serve_websocket(start, start_choices)
 
     return app
+
+
+def _sse_response(opened: Opened) -> Response:
+    response = Response(sse_body(opened), status=200, content_type="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut long streams
+    return response
+
+
+def _routed(response: Response, route: Route) -> Response:
+    """``response`` saying which instance and node served it."""
+    response.headers["x-skulk-instance"] = route.instance
+    response.headers["x-skulk-node"] = route.node
+    return response
 
 
 def _service_health(s: ModelStatus) -> dict[str, object]:

@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 
 from skulk.api._http_errors import json_response
 from skulk.api._openai import ApiError
+from skulk.api._schema import Schema, honoured
 from skulk.cluster import Instance, State
 from skulk.control import ClusterControl, ControlUnavailable
 from skulk.wire.cluster import (
@@ -51,14 +52,31 @@ REFUSAL_STATUS = {
 }
 
 _SHARDINGS = ("single", "pipeline", "tensor")
-_PLACEMENT_FIELDS = {
-    "model",
-    "sharding",
-    "nodes",
-    "excluded_nodes",
-    "min_nodes",
-    "max_nodes",
-    "dry_run",
+_NODE_IDS: Schema = {
+    "type": "array",
+    "items": {"type": "string", "minLength": 1},
+    "maxItems": 1024,
+    "uniqueItems": True,
+}
+_NODE_COUNT: Schema = {"type": "integer", "minimum": 1, "maximum": 1024}
+#: The fields of a placement, with the JSON Schema of what each accepts (the OpenAPI document's).
+_PLACEMENT_FIELDS: dict[str, Schema] = {
+    "model": honoured(
+        "Required: a model name or path this node can resolve.", type="string", minLength=1
+    ),
+    "sharding": honoured("Default single.", enum=list(_SHARDINGS)),
+    "nodes": honoured("Pin the instance to these nodes.", **_NODE_IDS),
+    "excluded_nodes": honoured("Never these nodes (not one pinned in nodes).", **_NODE_IDS),
+    "min_nodes": honoured(
+        "Pipeline and tensor: the fewest ranks (at least 2; default the pinned nodes, or 2); "
+        "single: 1 only.",
+        **_NODE_COUNT,
+    ),
+    "max_nodes": honoured(
+        "Pipeline and tensor: the most ranks (default every candidate); single: 1 only.",
+        anyOf=[_NODE_COUNT, {"type": "null"}],
+    ),
+    "dry_run": honoured("Plan only: nothing is committed (200 with the plan).", type="boolean"),
 }
 #: How long a placement committed by the leader may take to reach this node's State.
 SEE_COMMIT_TIMEOUT = 5.0

@@ -24,10 +24,24 @@ from quart_trio import QuartTrio
 
 from skulk.api._http_errors import json_response
 from skulk.api._openai import ApiError
+from skulk.api._schema import Schema, honoured
 from skulk.diagnostics import DEFAULT_LIMIT, MAX_LIMIT, ClusterTimeline
 from skulk.diagnostics._timeline import events_json
 
-_TIMELINE_PARAMS = ("limit", "since")
+#: The query parameters, with the JSON Schema of what each accepts (the OpenAPI document's).
+_TIMELINE_PARAMS: dict[str, Schema] = {
+    "limit": honoured(
+        f"The most events returned, the most recent kept (default {DEFAULT_LIMIT}).",
+        type="integer",
+        minimum=1,
+        maximum=MAX_LIMIT,
+    ),
+    "since": honoured(
+        "Only events at or after this time (seconds since the Unix epoch).",
+        type="number",
+        minimum=0,
+    ),
+}
 
 
 def parse_timeline_query(args: dict[str, list[str]]) -> tuple[float, int]:

@@ -2,7 +2,9 @@
 
 Everything here is a pure function of its arguments: ids and timestamps are passed in
 (:func:`new_request_id`, and ``created = int(time.time())`` taken once per request), so one
-request's chunks share them and tests can pin them.
+request's chunks share them and tests can pin them. The one place that takes them is
+:meth:`OpenAIFormat.renderer`, which makes the per-request :class:`OpenAIRenderer` the
+format-neutral driver (:mod:`skulk.api._stream`) uses.
 
 A streamed chat completion, as OpenAI sends it::
 
@@ -21,12 +23,17 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import attrs
 
+from skulk.api._openai_errors import ApiError
+from skulk.api._openai_logprobs import chat_logprobs, completion_logprobs
+from skulk.api._request import Event
 from skulk.wire.runner import FinishReason, Usage
+from skulk.worker import Generation
 
 OpenAIFinishReason = Literal["stop", "length"]
 
@@ -58,12 +65,16 @@ def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
 
 
 def usage_object(usage: Usage) -> dict[str, object]:
-    """OpenAI's ``usage`` object."""
-    return {
+    """OpenAI's ``usage`` object; ``prompt_tokens_details.cached_tokens`` when the runner's
+    prefix cache supplied some of the prompt."""
+    obj: dict[str, object] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+    if usage.cached_tokens:
+        obj["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return obj
 
 
 def _envelope(object_: str, id: str, created: int, model: str) -> dict[str, object]:
@@ -88,21 +99,57 @@ def _reason(reason: FinishReason | None) -> OpenAIFinishReason | None:
 
 
 def chat_completion(
-    id: str, created: int, model: str, text: str, finish_reason: FinishReason, usage: Usage
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: FinishReason,
+    usage: Usage,
+    *,
+    logprobs: bool = False,
 ) -> dict[str, object]:
     """A whole (non-streamed) ``chat.completion`` object with one choice."""
+    choice = [(text, finish_reason)]
+    return whole_object("chat", id, created, model, choice, usage, logprobs=logprobs)
+
+
+def whole_object(
+    kind: Literal["chat", "completion"],
+    id: str,
+    created: int,
+    model: str,
+    choices: Sequence[tuple[str, FinishReason]],
+    usage: Usage,
+    *,
+    logprobs: bool = False,
+) -> dict[str, object]:
+    """A whole ``chat.completion`` (``kind="chat"``) or ``text_completion`` object with one
+    choice per ``(text, finish_reason)``, at ``index`` 0, 1, ...; ``usage`` covers them all.
+    ``logprobs``: the request asked for them (each text carries its entries)."""
+    items: list[dict[str, object]]
+    if kind == "chat":
+        object_ = "chat.completion"
+        items = [{"message": {"role": "assistant", "content": text}} for text, _ in choices]
+    else:
+        object_ = "text_completion"
+        items = [{"text": text} for text, _ in choices]
     return {
-        **_envelope("chat.completion", id, created, model),
+        **_envelope(object_, id, created, model),
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                **item,
+                "index": index,
+                "logprobs": _whole_logprobs(kind, text) if logprobs else None,
                 "finish_reason": openai_finish_reason(finish_reason),
             }
+            for index, (item, (text, finish_reason)) in enumerate(zip(items, choices, strict=True))
         ],
         "usage": usage_object(usage),
     }
+
+
+def _whole_logprobs(kind: Literal["chat", "completion"], text: str) -> dict[str, object]:
+    return chat_logprobs(text) if kind == "chat" else completion_logprobs(text)[0]
 
 
 def chat_chunk(
@@ -114,8 +161,11 @@ def chat_chunk(
     finish_reason: FinishReason | None,
     usage: Usage | None = None,
     include_usage_field: bool = False,
+    index: int = 0,
+    logprobs: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
-    """One ``chat.completion.chunk`` with one choice.
+    """One ``chat.completion.chunk`` with one choice (``index``: which, when the request asked
+    for ``n`` > 1).
 
     ``include_usage_field`` adds ``"usage": null`` (what OpenAI sends on every chunk but the
     last when the request set ``stream_options.include_usage``); ``usage`` fills it instead.
@@ -124,9 +174,9 @@ def chat_chunk(
         **_envelope("chat.completion.chunk", id, created, model),
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "delta": dict(delta),
-                "logprobs": None,
+                "logprobs": None if logprobs is None else dict(logprobs),
                 "finish_reason": _reason(finish_reason),
             }
         ],
@@ -135,9 +185,9 @@ def chat_chunk(
 
 
 def chat_role_chunk(
-    id: str, created: int, model: str, *, include_usage_field: bool = False
+    id: str, created: int, model: str, *, include_usage_field: bool = False, index: int = 0
 ) -> dict[str, object]:
-    """The first chunk of a chat stream: the role, and empty content."""
+    """The first chunk of a chat stream (of choice ``index``): the role, and empty content."""
     return chat_chunk(
         id,
         created,
@@ -145,13 +195,22 @@ def chat_role_chunk(
         delta={"role": "assistant", "content": ""},
         finish_reason=None,
         include_usage_field=include_usage_field,
+        index=index,
     )
 
 
 def chat_content_chunk(
-    id: str, created: int, model: str, text: str, *, include_usage_field: bool = False
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    *,
+    include_usage_field: bool = False,
+    index: int = 0,
+    logprobs: bool = False,
 ) -> dict[str, object]:
-    """A chunk adding ``text`` to the message."""
+    """A chunk adding ``text`` to the message (of choice ``index``); ``logprobs``: with the
+    entries ``text`` carries."""
     return chat_chunk(
         id,
         created,
@@ -159,6 +218,8 @@ def chat_content_chunk(
         delta={"content": text},
         finish_reason=None,
         include_usage_field=include_usage_field,
+        index=index,
+        logprobs=chat_logprobs(text) if logprobs else None,
     )
 
 
@@ -169,8 +230,9 @@ def chat_finish_chunk(
     finish_reason: FinishReason,
     *,
     include_usage_field: bool = False,
+    index: int = 0,
 ) -> dict[str, object]:
-    """The chunk that ends the choice: an empty delta and the finish reason."""
+    """The chunk that ends the choice (``index``): an empty delta and the finish reason."""
     return chat_chunk(
         id,
         created,
@@ -178,6 +240,7 @@ def chat_finish_chunk(
         delta={},
         finish_reason=finish_reason,
         include_usage_field=include_usage_field,
+        index=index,
     )
 
 
@@ -194,21 +257,18 @@ def chat_usage_chunk(id: str, created: int, model: str, usage: Usage) -> dict[st
 
 
 def completion(
-    id: str, created: int, model: str, text: str, finish_reason: FinishReason, usage: Usage
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: FinishReason,
+    usage: Usage,
+    *,
+    logprobs: bool = False,
 ) -> dict[str, object]:
     """A whole (non-streamed) ``text_completion`` object with one choice."""
-    return {
-        **_envelope("text_completion", id, created, model),
-        "choices": [
-            {
-                "text": text,
-                "index": 0,
-                "logprobs": None,
-                "finish_reason": openai_finish_reason(finish_reason),
-            }
-        ],
-        "usage": usage_object(usage),
-    }
+    choice = [(text, finish_reason)]
+    return whole_object("completion", id, created, model, choice, usage, logprobs=logprobs)
 
 
 def completion_chunk(
@@ -220,16 +280,19 @@ def completion_chunk(
     finish_reason: FinishReason | None,
     usage: Usage | None = None,
     include_usage_field: bool = False,
+    index: int = 0,
+    logprobs: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """One streamed ``text_completion`` chunk with one choice (``finish_reason`` is null until
-    the last one); ``usage`` / ``include_usage_field`` as for :func:`chat_chunk`."""
+    the last one); ``usage`` / ``include_usage_field`` / ``index`` / ``logprobs`` as for
+    :func:`chat_chunk`."""
     chunk = {
         **_envelope("text_completion", id, created, model),
         "choices": [
             {
                 "text": text,
-                "index": 0,
-                "logprobs": None,
+                "index": index,
+                "logprobs": None if logprobs is None else dict(logprobs),
                 "finish_reason": _reason(finish_reason),
             }
         ],
@@ -262,15 +325,22 @@ class ChatStream:
     created: int
     model: str
     include_usage: bool
+    logprobs: bool = False
 
     def opening(self) -> dict[str, object]:
         return chat_role_chunk(
             self.id, self.created, self.model, include_usage_field=self.include_usage
         )
 
-    def content(self, text: str) -> dict[str, object]:
+    def content(self, text: str, index: int = 0) -> dict[str, object]:
         return chat_content_chunk(
-            self.id, self.created, self.model, text, include_usage_field=self.include_usage
+            self.id,
+            self.created,
+            self.model,
+            text,
+            include_usage_field=self.include_usage,
+            index=index,
+            logprobs=self.logprobs,
         )
 
     def closing(self, finish_reason: FinishReason, usage: Usage) -> list[dict[str, object]]:
@@ -300,8 +370,14 @@ class CompletionStream:
     created: int
     model: str
     include_usage: bool
+    logprobs: bool = False
+    #: Per choice index, the characters its ``text_offset`` counts so far (a stream's state).
+    offsets: dict[int, int] = attrs.field(factory=dict, eq=False)
 
-    def content(self, text: str) -> dict[str, object]:
+    def content(self, text: str, index: int = 0) -> dict[str, object]:
+        logprobs = None
+        if self.logprobs:
+            logprobs, self.offsets[index] = completion_logprobs(text, self.offsets.get(index, 0))
         return completion_chunk(
             self.id,
             self.created,
@@ -309,6 +385,8 @@ class CompletionStream:
             text=text,
             finish_reason=None,
             include_usage_field=self.include_usage,
+            index=index,
+            logprobs=logprobs,
         )
 
     def closing(self, finish_reason: FinishReason, usage: Usage) -> list[dict[str, object]]:
@@ -351,3 +429,130 @@ def _compact_json(obj: Mapping[str, object], *, ensure_ascii: bool) -> str:
 
 def _sse_frame(data: str) -> str:
     return "".join(f"data: {line}\n" for line in _SSE_LINE_BREAK.split(data)) + "\n"
+
+
+# ---- the OpenAI formats as renderers of the neutral driver -----------------------------------
+
+_DONE = Event("[DONE]")
+
+
+@attrs.frozen
+class OpenAIFormat:
+    """How to answer a chat completion (``kind="chat"``) or a legacy completion
+    (``kind="completion"``): :class:`~skulk.api._request.Format`. ``choices`` is the request's
+    ``n``: above 1, :mod:`skulk.api._choices` serves it and renders it with
+    :meth:`choices_renderer`."""
+
+    kind: Literal["chat", "completion"]
+    include_usage: bool
+    choices: int = 1
+    logprobs: bool = False
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.kind == "chat" else "prompt"
+
+    def renderer(self, model: str) -> OpenAIRenderer:
+        return OpenAIRenderer(self._stream(model))
+
+    def choices_renderer(self, model: str) -> OpenAIChoicesRenderer:
+        """The renderer of a request with ``n`` > 1 (every choice shares one id)."""
+        return OpenAIChoicesRenderer(self._stream(model))
+
+    def _stream(self, model: str) -> ChatStream | CompletionStream:
+        created = int(time.time())
+        if self.kind == "chat":
+            chat_id = new_request_id(CHAT_ID_PREFIX)
+            return ChatStream(chat_id, created, model, self.include_usage, self.logprobs)
+        completion_id = new_request_id(COMPLETION_ID_PREFIX)
+        return CompletionStream(completion_id, created, model, self.include_usage, self.logprobs)
+
+
+@attrs.frozen
+class OpenAIRenderer:
+    """A chat or legacy completion's chunks (:class:`ChatStream`, :class:`CompletionStream`)
+    or whole object. A stream ends with ``[DONE]``; a failed one with the error envelope as a
+    ``data:`` event, then ``[DONE]``."""
+
+    stream: ChatStream | CompletionStream
+
+    def opening(self) -> list[Event]:
+        return [Event(self.stream.opening())] if isinstance(self.stream, ChatStream) else []
+
+    def delta(self, text: str) -> list[Event]:
+        return [Event(self.stream.content(text))]
+
+    def closing(self, end: Generation) -> list[Event]:
+        return [*map(Event, self.stream.closing(end.finish_reason, end.usage)), _DONE]
+
+    def failure(self, err: ApiError) -> list[Event]:
+        return [Event(err.envelope()), _DONE]
+
+    def whole(self, text: str, end: Generation) -> dict[str, object]:
+        s = self.stream
+        make = chat_completion if isinstance(s, ChatStream) else completion
+        return make(
+            s.id, s.created, s.model, text, end.finish_reason, end.usage, logprobs=s.logprobs
+        )
+
+
+@attrs.frozen
+class OpenAIChoicesRenderer:
+    """The chunks (or whole object) of a chat or legacy completion with ``n`` > 1 choices
+    (:class:`skulk.api._choices.ChoicesRenderer`), in OpenAI's shape: every chunk carries one
+    choice, its own ``index``; chat sends a role chunk per index; each choice ends with its
+    own finish chunk; the usage chunk (with ``include_usage``) and ``[DONE]`` come once, after
+    the last choice ended."""
+
+    stream: ChatStream | CompletionStream
+
+    def opening(self, index: int) -> list[Event]:
+        s = self.stream
+        if not isinstance(s, ChatStream):
+            return []  # legacy completions have no opening chunk
+        role = chat_role_chunk(
+            s.id, s.created, s.model, include_usage_field=s.include_usage, index=index
+        )
+        return [Event(role)]
+
+    def delta(self, index: int, text: str) -> list[Event]:
+        return [Event(self.stream.content(text, index))]
+
+    def finish(self, index: int, end: Generation) -> list[Event]:
+        s = self.stream
+        if isinstance(s, ChatStream):
+            chunk = chat_finish_chunk(
+                s.id,
+                s.created,
+                s.model,
+                end.finish_reason,
+                include_usage_field=s.include_usage,
+                index=index,
+            )
+        else:
+            chunk = completion_chunk(
+                s.id,
+                s.created,
+                s.model,
+                text="",
+                finish_reason=end.finish_reason,
+                include_usage_field=s.include_usage,
+                index=index,
+            )
+        return [Event(chunk)]
+
+    def closing(self, usage: Usage) -> list[Event]:
+        s = self.stream
+        if not s.include_usage:
+            return [_DONE]
+        make = chat_usage_chunk if isinstance(s, ChatStream) else completion_usage_chunk
+        return [Event(make(s.id, s.created, s.model, usage)), _DONE]
+
+    def failure(self, err: ApiError) -> list[Event]:
+        return [Event(err.envelope()), _DONE]
+
+    def whole(self, choices: Sequence[tuple[str, Generation]], usage: Usage) -> dict[str, object]:
+        s = self.stream
+        kind: Literal["chat", "completion"] = "chat" if isinstance(s, ChatStream) else "completion"
+        ends = [(text, end.finish_reason) for text, end in choices]
+        return whole_object(kind, s.id, s.created, s.model, ends, usage, logprobs=s.logprobs)

@@ -1,46 +1,39 @@
-"""Turning one generation into OpenAI-shaped output (shared by HTTP, SSE and WebSocket).
+"""Driving one generation to the client, in whichever format the request speaks.
 
-A streamed request is committed only once its first item has arrived (:func:`open_stream`):
-whatever fails before that — model not ready, prompt too long, any runner failure — is a plain
-error response (or one WebSocket error message), never a stream that starts and then fails.
+Format-neutral: a request's :class:`~skulk.api._request.Format` makes the renderer that turns
+our items (text deltas, then one :class:`~skulk.worker.Generation`) into its events or its
+whole response; this module decides *when*. A streamed request is committed only once its first
+item has arrived (:func:`open_stream`): whatever fails before that — model not ready, prompt too
+long, any runner failure — is a plain error response (or one WebSocket error message), never a
+stream that starts and then fails. After that, a failure ends the stream with the format's own
+error events (:meth:`~skulk.api._request.Renderer.failure`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
+from typing import Protocol
 
 import trio
 
-from skulk.api._openai import (
-    CHAT_ID_PREFIX,
-    COMPLETION_ID_PREFIX,
-    SSE_DONE,
-    ApiError,
-    ChatCompletionsRequest,
-    ChatStream,
-    CompletionsRequest,
-    CompletionStream,
-    chat_completion,
-    completion,
-    new_request_id,
-    sse_event,
-)
+from skulk.api._openai_errors import ApiError
+from skulk.api._openai_format import sse_event
+from skulk.api._request import Event, GenerateRequest, Renderer
 from skulk.routing import ModelNotPlaced, NoReadyInstance, Overloaded, RemoteUnavailable
-from skulk.worker import Generation, ModelUnavailable, RequestFailure
+from skulk.worker import Generation, ModelUnavailable, RequestFailure, join_scored, logprobs_of
 
 log = logging.getLogger("skulk.api")
 
-Request = ChatCompletionsRequest | CompletionsRequest
+Request = GenerateRequest
 
 #: Runner failure reasons caused by the request's prompt: 400 naming it.
 _PROMPT_REASONS = {"prompt_too_long", "empty_prompt"}
 #: Runner failure reasons caused by the request otherwise (a value the runner cannot serve):
 #: 400 with no single field to blame.
-_REQUEST_REASONS = {"invalid_request"}
+_REQUEST_REASONS = {"invalid_request", "unsupported"}
 #: Runner deadlines that ended a request: 504, as for any deadline.
 _DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
 #: The node serving the request was lost (link down, node dead): 502, a bad upstream.
@@ -83,20 +76,32 @@ def routing_error(exc: Exception) -> ApiError:
 
 def serving_error(exc: Exception, request: Request) -> ApiError:
     """Any failure of serving ``request`` as the client sees it."""
+    return serving_error_for(exc, request.format.prompt_param)
+
+
+def serving_error_for(exc: Exception, prompt_param: str) -> ApiError:
+    """Any failure of serving a request whose prompt is the body's ``prompt_param`` field
+    (``input`` for embeddings) as the client sees it."""
     if isinstance(exc, ModelUnavailable):
         return unavailable_error(exc)
     if isinstance(exc, RequestFailure):
-        return failure_error(exc, request)
+        return failure_error_for(exc, prompt_param)
     return routing_error(exc)
 
 
-def failure_error(exc: RequestFailure, request: Request) -> ApiError:
-    """Map a typed request failure to what the client sees."""
+def failure_error_for(exc: RequestFailure, prompt_param: str) -> ApiError:
+    """Map a typed request failure to what the client sees (a prompt failure names the
+    format's prompt field, ``prompt_param``: ``messages``, ``prompt``, ``input``)."""
     if exc.reason in _PROMPT_REASONS:
-        param = "prompt" if isinstance(request, CompletionsRequest) else "messages"
-        return ApiError.invalid(param, exc.message, code=exc.reason)
+        return ApiError.invalid(prompt_param, exc.message, code=exc.reason)
     if exc.reason in _REQUEST_REASONS:
         return ApiError.invalid(None, exc.message, code=exc.reason)
+    if exc.reason == "max_tokens_too_large":  # could never fit the runner's KV budget
+        return ApiError.invalid("max_tokens", exc.message, code=exc.reason)
+    if exc.reason == "kv_cache_full":  # the runner's KV budget and its queue are full
+        err = ApiError.over_capacity(f"{exc.message}; retry in 1 s")
+        err.headers = {"Retry-After": "1"}
+        return err
     message = f"generation failed: {exc.reason}: {exc.message}"
     if exc.reason in _DEADLINE_REASONS:
         return ApiError(504, message, type="timeout_error", code=exc.reason)
@@ -105,24 +110,8 @@ def failure_error(exc: RequestFailure, request: Request) -> ApiError:
     return ApiError.server_error(message, code=exc.reason)
 
 
-class Output:
-    """The chunks (or the whole response) of one request, in OpenAI's shapes."""
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        created = int(time.time())
-        self.stream: ChatStream | CompletionStream
-        if isinstance(request, ChatCompletionsRequest):
-            self.id = new_request_id(CHAT_ID_PREFIX)
-            self.stream = ChatStream(self.id, created, request.model, request.include_usage)
-        else:
-            self.id = new_request_id(COMPLETION_ID_PREFIX)
-            self.stream = CompletionStream(self.id, created, request.model, request.include_usage)
-        self.created = created
-
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
-        make = chat_completion if isinstance(self.request, ChatCompletionsRequest) else completion
-        return make(self.id, self.created, self.request.model, text, end.finish_reason, end.usage)
+def _no_result() -> ApiError:
+    return ApiError.server_error("generation ended without a result", code="internal")
 
 
 class OpenedStream:
@@ -132,50 +121,53 @@ class OpenedStream:
     fails before any output (model not ready, prompt too long, runner failure): the caller
     answers that as a plain error, before any stream was committed.
 
-    An ``OpenedStream`` owns a running generation on a runner. Iterate :meth:`chunks` at most
-    once, and always :meth:`aclose` it — also when :meth:`chunks` was never iterated (the client
+    An ``OpenedStream`` owns a running generation on a runner. Iterate :meth:`events` at most
+    once, and always :meth:`aclose` it — also when :meth:`events` was never iterated (the client
     went away before the response body started): closing cancels the request on the runner.
     ``aclose`` is idempotent; an HTTP handler hands it to
     :func:`~skulk.api._guard.close_with_request` so it runs whatever becomes of the response.
     """
 
-    def __init__(
-        self,
-        request: Request,
-        items: AsyncGenerator[str | Generation, None],
-        first: str | Generation,
-    ) -> None:
-        self._out = Output(request)
+    def __init__(self, request: Request, items: Items, first: str | Generation) -> None:
+        self.request = request
+        self._renderer: Renderer = request.format.renderer(request.model)
         self._items = items
         self._first: str | Generation | None = first
 
-    async def chunks(self) -> AsyncGenerator[dict[str, object], None]:
-        """The OpenAI chunks: the opening chunk (chat), the first item's, then the rest.
-        Raises :class:`ApiError` if the generation fails mid-way."""
-        out = self._out
-        if isinstance(out.stream, ChatStream):
-            yield out.stream.opening()
+    async def events(self) -> AsyncGenerator[Event, None]:
+        """The format's events: the opening ones, the first item's, then the rest, ending with
+        the format's closing events. Raises :class:`ApiError` if the generation fails mid-way
+        (answer it with :meth:`failure`)."""
         first, self._first = self._first, None
         if first is None:
-            raise RuntimeError("OpenedStream.chunks() iterated twice")
+            raise RuntimeError("OpenedStream.events() iterated twice")
+        for event in self._renderer.opening():
+            yield event
         try:
-            for chunk in self._emit(first):
-                yield chunk
+            for event in self._emit(first):
+                yield event
             if isinstance(first, Generation):
                 return
             async for item in self._items:
-                for chunk in self._emit(item):
-                    yield chunk
+                for event in self._emit(item):
+                    yield event
                 if isinstance(item, Generation):
                     return
         except SERVING_ERRORS as exc:
-            raise serving_error(exc, out.request) from exc
-        raise ApiError.server_error("generation ended without a result", code="internal")
+            raise serving_error(exc, self.request) from exc
+        raise _no_result()
 
-    def _emit(self, item: str | Generation) -> list[dict[str, object]]:
+    def failure(self, err: ApiError) -> list[Event]:
+        """The events that end this stream after ``err`` (an error event, then the format's
+        end of stream)."""
+        return self._renderer.failure(err)
+
+    def _emit(self, item: str | Generation) -> list[Event]:
         if isinstance(item, Generation):
-            return self._out.stream.closing(item.finish_reason, item.usage)
-        return [self._out.stream.content(item)] if item else []
+            return self._renderer.closing(item)
+        # an empty delta is dropped, unless it carries log-probabilities (tokens whose text
+        # is held back or cut by a stop string)
+        return self._renderer.delta(item) if item or logprobs_of(item) else []
 
     async def aclose(self) -> None:
         """Stop the generation if it still runs (cancels it on the runner); idempotent."""
@@ -192,7 +184,7 @@ async def open_stream(items: Items, request: Request) -> OpenedStream:
     try:
         first = await anext(items)
     except StopAsyncIteration:
-        raise ApiError.server_error("generation ended without a result", code="internal") from None
+        raise _no_result() from None
     except SERVING_ERRORS as exc:
         raise serving_error(exc, request) from exc
     except BaseException:  # cancelled while waiting, or a bug: leave nothing running
@@ -202,37 +194,77 @@ async def open_stream(items: Items, request: Request) -> OpenedStream:
     return OpenedStream(request, items, first)
 
 
-async def sse_body(opened: OpenedStream) -> AsyncGenerator[bytes, None]:
-    """The SSE body of an opened stream: ``data:`` events, then ``data: [DONE]``.
+def sse_frame(event: Event) -> bytes:
+    """One server-sent event: an ``event: name`` line when the event is named, then its
+    ``data:`` line(s)."""
+    data = sse_event(event.data)
+    return data if event.name is None else f"event: {event.name}\n".encode() + data
 
-    A failure after the stream started (the runner crashed, a deadline) ends it with an error
-    event, then ``[DONE]``, never with a cut connection. Closes ``opened`` when it ends.
+
+class Opened(Protocol):
+    """A committed stream, whatever made it: :class:`OpenedStream` (one generation) or
+    :class:`~skulk.api._choices.OpenedChoices` (several choices)."""
+
+    def events(self) -> AsyncGenerator[Event, None]: ...
+
+    def failure(self, err: ApiError) -> list[Event]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def sse_body(opened: Opened) -> AsyncGenerator[bytes, None]:
+    """The SSE body of an opened stream, in its format.
+
+    A failure after the stream started (the runner crashed, a deadline) ends it with the
+    format's error events, never with a cut connection. Closes ``opened`` when it ends.
     """
     try:
-        async with aclosing(opened.chunks()) as chunks:
-            async for chunk in chunks:
-                yield sse_event(chunk)
+        async with aclosing(opened.events()) as events:
+            async for event in events:
+                yield sse_frame(event)
     except ApiError as exc:
-        yield sse_event(exc.envelope())
+        for event in opened.failure(exc):
+            yield sse_frame(event)
     except Exception:
         log.exception("a stream failed after it started")
-        yield sse_event(ApiError.server_error("internal server error", code="internal").envelope())
+        err = ApiError.server_error("internal server error", code="internal")
+        for event in opened.failure(err):
+            yield sse_frame(event)
     finally:
         await opened.aclose()
-    yield SSE_DONE
 
 
-async def complete(items: Items, request: Request) -> dict[str, object]:
-    """The whole response of a non-streamed request (``items``: its generation, not started
-    yet). Raises :class:`ApiError`."""
-    out = Output(request)
+async def run_to_end(items: Items, request: Request) -> tuple[str, Generation]:
+    """Run a non-streamed generation (``items``, not started yet) to its end: the whole text
+    (a :class:`~skulk.worker.ScoredText` when the deltas carried log-probabilities) and how it
+    ended. Raises :class:`ApiError`."""
     parts: list[str] = []
     try:
         async with aclosing(items):
             async for item in items:
                 if isinstance(item, Generation):
-                    return out.whole("".join(parts), item)
+                    return join_scored(parts), item
                 parts.append(item)
     except SERVING_ERRORS as exc:
         raise serving_error(exc, request) from exc
-    raise ApiError.server_error("generation ended without a result", code="internal")
+    raise _no_result()
+
+
+async def complete(items: Items, request: Request) -> dict[str, object]:
+    """The whole response of a non-streamed request (``items``: its generation, not started
+    yet), in its format. Raises :class:`ApiError`."""
+    renderer = request.format.renderer(request.model)  # its timestamp: when the request came
+    text, end = await run_to_end(items, request)
+    return renderer.whole(text, end)
+
+
+async def count_prompt_tokens(count: Awaitable[int], request: Request) -> int:
+    """The prompt's length in tokens, as the runner counts it (through the model's chat
+    template) when serving ``request``. ``count`` is the router's count of it (not started
+    yet): runners are the only place a model's tokenizer lives; the runner renders and
+    tokenizes the prompt exactly as for a generation (the ``input_tokens`` the same prompt is
+    billed as) and decodes nothing. Raises :class:`ApiError`."""
+    try:
+        return await count
+    except SERVING_ERRORS as exc:
+        raise serving_error(exc, request) from exc

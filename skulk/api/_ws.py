@@ -9,7 +9,8 @@ Server → client, per request id: ``{"id", "type": "chunk", "data": <chat.compl
 messages, then exactly one ``{"id", "type": "done"}`` or ``{"id", "type": "error", "error":
 {...}}`` (a cancelled request ends with an error whose ``code`` is ``"cancelled"``). A message
 that cannot be attributed to a request gets an error with ``"id": null``. Closing the socket
-cancels everything in flight.
+cancels everything in flight. A body with ``n`` > 1 is served as over SSE
+(:mod:`skulk.api._choices`): its chunks carry each choice's ``index``.
 
 A request can fail only itself: a bad body (``param`` names the field inside ``body``, e.g.
 ``messages[0].content`` for a lone surrogate), a failure before the first token (then the
@@ -28,22 +29,25 @@ from typing import Any
 import trio
 from quart import websocket
 
+from skulk.api._choices import choice_count, open_choices
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, check_json_value
 from skulk.api._openai import ApiError, parse_chat_completions
-from skulk.api._stream import Items, Request, open_stream
+from skulk.api._stream import Items, Opened, Request, open_stream
 from skulk.routing import Route
 
 log = logging.getLogger("skulk.api")
 
 Start = Callable[[Request], tuple[Route, Items]]
+StartChoices = Callable[[Request], tuple[Route, list[Items]]]
 
 #: Requests one socket may have in flight; more are refused with ``too_many_requests``.
 MAX_IN_FLIGHT = 32
 
 
-async def serve_websocket(start: Start) -> None:
+async def serve_websocket(start: Start, start_choices: StartChoices) -> None:
     """Serve one socket; ``start(request)`` routes a request and returns its generation (not
-    started yet), raising :class:`ApiError` when it cannot be served."""
+    started yet), raising :class:`ApiError` when it cannot be served; ``start_choices`` does
+    the same for a request with ``n`` > 1 (one generation per choice)."""
     ws: Any = websocket
     send_lock = trio.Lock()
     active: dict[str, trio.CancelScope] = {}
@@ -55,6 +59,28 @@ async def serve_websocket(start: Start) -> None:
     async def error(rid: str | None, err: ApiError) -> None:
         await send({"id": rid, "type": "error", "error": err.envelope()["error"]})
 
+    async def relay(rid: str, opened: Opened) -> None:
+        """Send ``opened``'s events as the request's chunks; closes it."""
+        async with aclosing(opened), aclosing(opened.events()) as events:
+            async for event in events:
+                if isinstance(event.data, str):
+                    continue  # SSE's [DONE]: the socket says "done" instead
+                await send({"id": rid, "type": "chunk", "data": event.data})
+
+    async def relay_choices(rid: str, req: Request) -> None:
+        """:func:`relay` for a request with ``n`` > 1: its choices run in tasks of a nursery of
+        its own, which ends once they are closed. A failure is raised after the nursery, not
+        from inside it (where it would arrive wrapped in an exception group)."""
+        _, choices = start_choices(req)
+        failed: list[Exception] = []
+        async with trio.open_nursery() as nursery:
+            try:
+                await relay(rid, await open_choices(nursery, choices, req))
+            except Exception as exc:
+                failed.append(exc)
+        if failed:
+            raise failed[0]
+
     async def run_request(rid: str, body: object, scope: trio.CancelScope) -> None:
         try:
             with scope:
@@ -62,14 +88,12 @@ async def serve_websocket(start: Start) -> None:
                     check_json_value(body)
                     if isinstance(body, dict):
                         body = {**body, "stream": True}  # always streamed over the socket
-                    req = parse_chat_completions(body)
-                    _, items = start(req)
-                    async with (
-                        aclosing(await open_stream(items, req)) as opened,
-                        aclosing(opened.chunks()) as chunks,
-                    ):
-                        async for chunk in chunks:
-                            await send({"id": rid, "type": "chunk", "data": chunk})
+                    req = parse_chat_completions(body).generate_request()
+                    if choice_count(req) > 1:
+                        await relay_choices(rid, req)
+                    else:
+                        _, items = start(req)
+                        await relay(rid, await open_stream(items, req))
                 except ApiError as exc:
                     await error(rid, exc)
                     return

@@ -5,13 +5,18 @@
 [--repeats N]`` and ``python -m skulk.bench cluster [--json] [--max-tokens N] [--repeats N]
 [--node-down-after S]`` and ``python -m skulk.bench distributed [--json] [--rounds N]
 [--max-tokens N] [--tiny] [--layers N] [--hidden-size N] [--heads N] [--kv-heads N]
-[--intermediate-size N] [--transfer-mib N] [--transfer-rounds N]``."""
+[--intermediate-size N] [--transfer-mib N] [--transfer-rounds N] [--concurrency 1,4,8]`` and
+``python -m skulk.bench load [--json] [--model demo|large] [--levels 1,8,16] [--rounds N]
+[--max-tokens N]
+[--modes throughput,prefix,speculative] [--chat-chars N] [--home DIR]`` and ``python -m
+skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -42,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     raft.add_argument("--tick", type=float, default=0.05, help="seconds per Raft tick")
     raft.add_argument("--election-ticks", type=int, default=10)
     raft.add_argument("--no-baseline", action="store_true", help="skip pysyncobj")
+    raft.add_argument("--rounds", type=int, default=1, help="interleaved runs per system")
+    raft.add_argument("--levels", default="", help="client counts, e.g. 32,512,1024")
     raft.add_argument(
         "--baseline-no-fsync",
         action="store_true",
@@ -71,7 +78,34 @@ def main(argv: list[str] | None = None) -> int:
         distributed.add_argument(f"--{option}", type=int, default=None, help="model shape")
     distributed.add_argument("--transfer-mib", type=int, default=256, help="MiB to fetch")
     distributed.add_argument("--transfer-rounds", type=int, default=3)
+    distributed.add_argument(
+        "--concurrency",
+        default="",
+        help="also pipeline-2's aggregate tokens/s at these concurrent requests, e.g. 1,4,8",
+    )
+    load = sub.add_parser(
+        "load", help="concurrent streams vs mlx_lm.server; prefix cache; speculation"
+    )
+    load.add_argument("--json", action="store_true", help="print only the JSON result")
+    load.add_argument("--model", choices=("demo", "large"), default="demo")
+    load.add_argument("--levels", type=_ints, default=(1, 8, 16), help="concurrent streams")
+    load.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    load.add_argument("--max-tokens", type=int, default=128)
+    load.add_argument(
+        "--modes", type=_modes, default=None, help="throughput,prefix,speculative (default all)"
+    )
+    load.add_argument("--chat-chars", type=int, default=4000, help="prefix mode: history size")
+    load.add_argument("--home", type=Path, default=None, help="work dir (default: a temporary one)")
+    spec = sub.add_parser("spec", help="speculative (n-gram) vs plain decoding, in process")
+    spec.add_argument("--json", action="store_true", help="print only the JSON result")
+    spec.add_argument("--max-tokens", type=int, default=256)
+    spec.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    spec.add_argument("--speculative-tokens", type=int, default=None, help="most drafted per step")
     args = parser.parse_args(argv)
+    if args.bench == "spec":
+        return _spec(args)
+    if args.bench == "load":
+        return _load(args)
     if args.bench == "distributed":
         return _distributed(args)
     if args.bench == "cluster":
@@ -90,13 +124,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from skulk.bench._serve import run, table
 
-    result = run(args.max_tokens, args.repeats, args.home, args.stream_interval)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(table(result))
-        print(json.dumps(result, indent=2))
-    return 0
+    return _emit(
+        run(args.max_tokens, args.repeats, args.home, args.stream_interval), args.json, table
+    )
 
 
 def _raft(args: argparse.Namespace) -> int:
@@ -110,6 +140,8 @@ def _raft(args: argparse.Namespace) -> int:
         tick=args.tick,
         election_ticks=args.election_ticks,
         baseline_fsync=not args.baseline_no_fsync,
+        rounds=args.rounds,
+        levels=tuple(int(n) for n in args.levels.split(",") if n),
     )
     result = run(settings, baseline=not args.no_baseline)
     if args.json:
@@ -134,6 +166,7 @@ def _distributed(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         transfer_mib=args.transfer_mib,
         transfer_rounds=args.transfer_rounds,
+        concurrency=[int(n) for n in args.concurrency.split(",") if n],
     )
     result = run(settings)
     if args.json:
@@ -141,6 +174,56 @@ def _distributed(args: argparse.Namespace) -> int:
     else:
         print(result.table())
         print(json.dumps(result.as_dict(), indent=2))
+    return 0
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    from skulk.bench._load import MODES
+
+    modes = tuple(text.split(","))
+    if not set(modes) <= set(MODES):
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}")
+    return modes
+
+
+def _load(args: argparse.Namespace) -> int:
+    from skulk.bench._load import MODES, Settings, run, table
+
+    settings = Settings(
+        model=args.model,
+        levels=args.levels,
+        rounds=args.rounds,
+        max_tokens=args.max_tokens,
+        modes=args.modes or MODES,
+        chat_chars=args.chat_chars,
+        home=args.home,
+    )
+    return _emit(run(settings), args.json, table)
+
+
+def _emit(
+    result: dict[str, object], json_only: bool, table: Callable[[dict[str, object]], str]
+) -> int:
+    """Print ``result``: its JSON alone, or its table and then its JSON indented."""
+    if json_only:
+        print(json.dumps(result))
+    else:
+        print(table(result))
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _spec(args: argparse.Namespace) -> int:
+    from skulk.bench._spec import run, table
+    from skulk.runner._speculate import DEFAULT_SPECULATIVE_TOKENS
+
+    k = DEFAULT_SPECULATIVE_TOKENS if args.speculative_tokens is None else args.speculative_tokens
+    result = run(args.max_tokens, args.rounds, k)
+    print(json.dumps(result) if args.json else f"{table(result)}\n{json.dumps(result, indent=2)}")
     return 0
 
 

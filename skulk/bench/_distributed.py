@@ -43,6 +43,12 @@ the mean of the single runs just before and after it; the medians over rounds ar
   wall time (from ``/proc``): how many cores a rank kept busy, computing or waiting.
 * ``transfer``: :func:`skulk.bench._transfer.run` — fetching weights from a peer over one
   loopback link vs copying the same bytes locally (MB/s and ratios).
+* ``concurrent`` (with ``--concurrency 1,4,8``): after the rounds, one ``pipeline-2`` group
+  serves that many requests at once (each the same greedy request), once per level per
+  round: ``tokens_per_s`` = every request's tokens ÷ the wall time from the first request to
+  the last ``Finished`` (medians), and ``ratio`` = that ÷ the same at the first level.
+  Concurrent requests share each decode step (continuous batching, see
+  :mod:`skulk.runner._sharded_loop`), so the aggregate should grow with the level.
 """
 
 from __future__ import annotations
@@ -118,6 +124,7 @@ class Settings:
     seed: int = 1
     transfer_mib: int = 256
     transfer_rounds: int = 3
+    concurrency: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -168,6 +175,7 @@ class Result:
     transfer: dict[str, object]
     weights_bytes: int
     load_average: tuple[float, float]
+    concurrent: dict[int, list[float]] = attrs.field(factory=dict)  # level → tokens/s by round
 
     def subject(self, instance: Instance) -> dict[str, object]:
         """The figures of one instance (medians over rounds; ratios against single)."""
@@ -252,6 +260,18 @@ class Result:
             "single": self.subject(SINGLE),
             "subjects": {i.name: self.subject(i) for i in SUBJECTS},
             "transfer": self.transfer,
+            **({"concurrent": self._concurrent()} if self.concurrent else {}),
+        }
+
+    def _concurrent(self) -> dict[str, object]:
+        """pipeline-2's aggregate tokens/s by number of concurrent requests (JSON keys)."""
+        rates = {n: statistics.median(v) for n, v in self.concurrent.items()}
+        base = rates[min(rates)]
+        return {
+            "instance": "pipeline-2",
+            "tokens_per_s": {str(n): round(r, 1) for n, r in rates.items()},
+            "ratio": {str(n): round(r / base, 2) for n, r in rates.items()},
+            "by_round": {str(n): [round(v, 1) for v in vs] for n, vs in self.concurrent.items()},
         }
 
     def table(self) -> str:
@@ -297,6 +317,12 @@ class Result:
             f"{t.get('copy_mb_s')} MB/s local copy = {t.get('fetch_vs_copy')} "
             f"({t.get('fetch_vs_copy_fsync')} of a copy + fsync at {t.get('copy_fsync_mb_s')} MB/s)"
         )
+        if self.concurrent:
+            c = self._concurrent()
+            rates, ratios = c["tokens_per_s"], c["ratio"]
+            assert isinstance(rates, dict) and isinstance(ratios, dict)
+            levels = ", ".join(f"{n}: {rates[n]} tok/s ({ratios[n]}x)" for n in rates)
+            lines.append(f"pipeline-2 aggregate by concurrent requests: {levels}")
         return "\n".join(lines)
 
 
@@ -339,9 +365,10 @@ def run(settings: Settings) -> Result:
         if settings.shape != TINY_SHAPE:
             tiny = write_generated_model(root / "tiny", TINY_SHAPE, demo, seed=settings.seed)
         singles, runs, runtime = trio.run(_measure_all, settings, model, tiny)
+        concurrent = trio.run(_measure_concurrent, settings, model)
     transfer = _transfer.run(settings.transfer_mib, settings.transfer_rounds)
     load = (load_before, os.getloadavg()[0])
-    result = Result(settings, singles, runs, runtime, transfer, weights, load)
+    result = Result(settings, singles, runs, runtime, transfer, weights, load, concurrent)
     if any(s.finish_reason != "length" for s in result.all_samples()):
         print("warning: a run ended before max_tokens; rates are per token", file=sys.stderr)
     return result
@@ -370,6 +397,28 @@ async def _measure_all(
     if not runtime:
         runtime = {SINGLE.name: singles[0], **{n: ps[0].subject for n, ps in runs.items()}}
     return singles, runs, runtime
+
+
+async def _measure_concurrent(settings: Settings, model: Path) -> dict[int, list[float]]:
+    """``concurrent`` (see the module doc): by level, pipeline-2's aggregate tokens/s."""
+    rates: dict[int, list[float]] = {n: [] for n in settings.concurrency}
+    if not rates:
+        return rates
+
+    async def one(runner: Runner, rid: str, timed: list[_Timed]) -> None:
+        timed.append(await _generate(runner, rid, settings.max_tokens))
+
+    async with _open(Instance("pipeline", 2), model, settings.shape.layers) as runners:
+        for r in range(settings.rounds):
+            for n in settings.concurrency:
+                timed: list[_Timed] = []
+                start = time.perf_counter()
+                async with trio.open_nursery() as nursery:
+                    for i in range(n):
+                        nursery.start_soon(one, runners[0], f"concurrent-{r}-{n}-{i}", timed)
+                wall = time.perf_counter() - start
+                rates[n].append(sum(t.tokens for t in timed) / wall)
+    return rates
 
 
 @asynccontextmanager
@@ -482,6 +531,7 @@ def settings_from(
     rounds: int,
     transfer_mib: int,
     transfer_rounds: int,
+    concurrency: Iterable[int] = (),
 ) -> Settings:
     """Settings from the command line: ``tiny`` starts from :data:`TINY_SHAPE`, any shape
     option given overrides."""
@@ -502,4 +552,5 @@ def settings_from(
         rounds=rounds,
         transfer_mib=transfer_mib,
         transfer_rounds=transfer_rounds,
+        concurrency=tuple(concurrency),
     )

@@ -23,6 +23,13 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         help=f"the node's HTTP API (default: $SKULK_API, else {DEFAULT_API})",
     )
     common.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help="the API key, for a node started with one (default: $SKULK_API_KEY; of a "
+        "comma-separated list, the first)",
+    )
+    common.add_argument(
         "--json", action="store_true", help="print the server's JSON answer instead of a table"
     )
     common.add_argument(

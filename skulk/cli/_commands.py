@@ -67,7 +67,9 @@ def run_client_command(
     ``transport`` replaces the network and ``env`` the environment (tests)."""
     environ = os.environ if env is None else env
     api = args.api or environ.get("SKULK_API") or DEFAULT_API
-    with ApiClient(api, timeout=args.timeout, transport=transport) as client:
+    # SKULK_API_KEY may list the node's keys (comma-separated): any one of them will do.
+    key = args.api_key or environ.get("SKULK_API_KEY", "").split(",")[0].strip() or None
+    with ApiClient(api, timeout=args.timeout, transport=transport, api_key=key) as client:
         try:
             return _COMMANDS[args.command](client, args)
         except ClientError as exc:

@@ -52,6 +52,8 @@ class ApiRefused(ClientError):
     envelope: Mapping[str, object] | None = None
 
     def describe(self) -> str:
+        if self.status == 401:  # the node requires a key: say how to give it
+            return f"{self.code}: {self.message} (pass --api-key KEY or set SKULK_API_KEY)"
         return f"{self.code}: {self.message}"
 
 
@@ -102,7 +104,8 @@ class ApiClient:
     """JSON requests to the API at ``api`` (see the module docstring); a context manager.
 
     ``timeout`` bounds every read and write of one request (seconds); connecting gets at most
-    :data:`CONNECT_TIMEOUT`. ``transport`` replaces the network (tests).
+    :data:`CONNECT_TIMEOUT`. ``api_key`` is sent as ``Authorization: Bearer``. ``transport``
+    replaces the network (tests).
     """
 
     def __init__(
@@ -111,14 +114,18 @@ class ApiClient:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.api = normalize_api(api)
         self._timeout = timeout
+        headers = {"Accept": "application/json", "User-Agent": "skulk-cli"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.Client(
             timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT)),
             transport=transport,
             trust_env=False,
-            headers={"Accept": "application/json", "User-Agent": "skulk-cli"},
+            headers=headers,
         )
 
     def __enter__(self) -> ApiClient:

@@ -6,10 +6,11 @@ over the federation data plane (:class:`RemoteRouting`). Each serving node bound
 
 from ._admission import Admission, AdmissionStatistics
 from ._errors import NodeUnreachable, Overloaded, RemoteUnavailable
-from ._remote import ROUTE_METHOD, RemoteRouting, RouteTimeouts, RoutingStatistics
+from ._remote import ASK_METHOD, ROUTE_METHOD, RemoteRouting, RouteTimeouts, RoutingStatistics
 from ._router import ModelListing, ModelNotPlaced, NoReadyInstance, Route, Router
 
 __all__ = [
+    "ASK_METHOD",
     "ROUTE_METHOD",
     "Admission",
     "AdmissionStatistics",

@@ -28,7 +28,11 @@ from skulk.federation import (
 )
 from skulk.wire import FrameTooLarge, WireError
 from skulk.wire.routing import (
+    RouteAsk,
+    RouteCounted,
     RouteDelta,
+    RouteEmbed,
+    RouteEmbedded,
     RouteEnd,
     RouteFailed,
     RouteHeader,
@@ -36,13 +40,17 @@ from skulk.wire.routing import (
     RouteKeepalive,
     RouteNotReady,
     RouteRequest,
+    RouteTokenize,
 )
-from skulk.wire.runner import Prompt, SamplingParams
-from skulk.worker import Generation, RequestFailure
+from skulk.wire.runner import EmbedInput, Prompt, SamplingParams
+from skulk.worker import Embedding, Generation, RequestFailure, ScoredText
 
 from ._errors import RETRY_AFTER, NodeUnreachable, Overloaded, RemoteUnavailable
 from ._hop import (
     ADMITTED,
+    ANSWER_CODEC,
+    ASK_CODEC,
+    ASK_METHOD,
     ITEM_CODEC,
     MAX_RETRY_AFTER,
     REQUEST_CODEC,
@@ -124,12 +132,12 @@ class RouteCaller:
             handoff = await self._answer_stream(link, node, arrivals)
             while True:
                 match await self._next_item(node, handoff.receiver):
-                    case RouteDelta(text=text):
-                        yield text
+                    case RouteDelta(text=text, logprobs=logprobs):
+                        yield ScoredText(text, logprobs) if logprobs else text
                     case RouteKeepalive():
                         pass
-                    case RouteEnd(finish_reason=finish_reason, usage=usage):
-                        yield Generation(finish_reason, usage)
+                    case RouteEnd(finish_reason=finish_reason, usage=usage, stop_sequence=stop):
+                        yield Generation(finish_reason, usage, stop)
                         return
                     case RouteFailed(reason=reason, message=message):
                         raise RequestFailure(reason, message)
@@ -147,6 +155,56 @@ class RouteCaller:
                 with trio.CancelScope(shield=True):
                     await handoff.receiver.aclose()  # stops the stream unless it ended
                 handoff.done.set()
+
+    async def count_tokens(self, node: str, instance: str, prompt: Prompt) -> int:
+        """``prompt``'s token count from ``instance``, whose rank 0 runs on ``node``."""
+        answer = await self._ask_once(node, RouteTokenize(uuid.uuid4().hex, instance, prompt))
+        if not isinstance(answer, RouteCounted):
+            raise NodeUnreachable(node, "an answer of the wrong kind")
+        return answer.prompt_tokens
+
+    async def embed(
+        self, node: str, instance: str, inputs: tuple[EmbedInput, ...], truncate: bool
+    ) -> Embedding:
+        """``inputs`` embedded by ``instance``, whose rank 0 runs on ``node``."""
+        ask = RouteEmbed(uuid.uuid4().hex, instance, inputs, truncate)
+        answer = await self._ask_once(node, ask)
+        if not isinstance(answer, RouteEmbedded):
+            raise NodeUnreachable(node, "an answer of the wrong kind")
+        return Embedding(answer.vectors, answer.prompt_tokens)
+
+    async def _ask_once(self, node: str, ask: RouteAsk) -> RouteCounted | RouteEmbedded:
+        """One ``route.ask`` rpc: the answer, or the typed error it stands for."""
+        try:
+            body = ASK_CODEC.encode(ask)
+        except WireError as exc:
+            raise RequestFailure("invalid_request", f"the request cannot be sent: {exc}") from None
+        link = self._mesh.link(node)
+        if link is None:
+            raise NodeUnreachable(node, "no link to it")
+        try:
+            raw = await link.call(ASK_METHOD, body, self._t.ask)
+        except RpcFailed as exc:
+            raise _refusal(node, ask.instance, exc) from None
+        except LinkBusy as exc:
+            raise Overloaded(ask.instance, RETRY_AFTER, f"cannot be asked now: {exc}") from None
+        except LinkError as exc:  # PeerUnreachable, RpcTimeout
+            raise NodeUnreachable(node, str(exc)) from None
+        except FrameTooLarge as exc:
+            raise RequestFailure(
+                "prompt_too_long", f"the request is too large to route to node {node}: {exc}"
+            ) from None
+        try:
+            answer = ANSWER_CODEC.decode(raw)
+        except WireError as exc:
+            raise NodeUnreachable(node, f"a malformed answer: {exc}") from None
+        match answer:
+            case RouteFailed(reason=reason, message=message):
+                raise RequestFailure(reason, message)
+            case RouteNotReady(message=message):
+                raise RemoteUnavailable(node, ask.instance, message)
+            case _:
+                return answer
 
     async def _ask(self, link: Link, node: str, instance: str, body: bytes) -> None:
         try:

@@ -44,15 +44,15 @@ import attrs
 import trio
 
 from skulk.federation import DataReceiver, Mesh
-from skulk.wire.runner import Prompt, SamplingParams
-from skulk.worker import Generation, ModelService
+from skulk.wire.runner import EmbedInput, Prompt, SamplingParams
+from skulk.worker import Embedding, Generation, ModelService
 
 from ._admission import Admission
 from ._calling import RouteCaller
-from ._hop import ROUTE_METHOD, RouteTimeouts
+from ._hop import ASK_METHOD, ROUTE_METHOD, RouteTimeouts
 from ._serving import RouteServer
 
-__all__ = ["ROUTE_METHOD", "RemoteRouting", "RouteTimeouts", "RoutingStatistics"]
+__all__ = ["ASK_METHOD", "ROUTE_METHOD", "RemoteRouting", "RouteTimeouts", "RoutingStatistics"]
 
 
 @attrs.frozen
@@ -77,8 +77,9 @@ class RemoteRouting:
 
     ``lookup(instance)`` is the service running ``instance``'s rank 0 on this node (``None``:
     not here). Wiring: :meth:`run` in the node's nursery; :meth:`handle_rpc` answers
-    :data:`ROUTE_METHOD` in the mesh's rpc handler; :meth:`handle_stream` is the mesh's
-    ``stream_handler``; the API side calls :meth:`generate`. Requests served here go through
+    :data:`ROUTE_METHOD` and :data:`ASK_METHOD` in the mesh's rpc handler;
+    :meth:`handle_stream` is the mesh's ``stream_handler``; the API side calls
+    :meth:`generate`, :meth:`count_tokens` and :meth:`embed`. Requests served here go through
     ``admission``, as local requests do.
     """
 
@@ -144,3 +145,14 @@ class RemoteRouting:
         generator early cancels the generation on ``node``.
         """
         return self._caller.generate(node, instance, prompt, params)
+
+    async def count_tokens(self, node: str, instance: str, prompt: Prompt) -> int:
+        """``prompt``'s token count from ``instance`` on ``node`` (rpc ``route.ask``, bounded
+        by ``timeouts.ask``); raises what :meth:`generate` raises before any output."""
+        return await self._caller.count_tokens(node, instance, prompt)
+
+    async def embed(
+        self, node: str, instance: str, inputs: tuple[EmbedInput, ...], truncate: bool = False
+    ) -> Embedding:
+        """``inputs`` embedded by ``instance`` on ``node`` (rpc ``route.ask``)."""
+        return await self._caller.embed(node, instance, inputs, truncate)

@@ -23,8 +23,9 @@ from contextlib import aclosing
 import attrs
 
 from skulk.cluster import Instance, State
-from skulk.wire.runner import Prompt, SamplingParams
-from skulk.worker import Generation, ModelService
+from skulk.wire.cluster import ModelCard
+from skulk.wire.runner import EmbedInput, Prompt, SamplingParams
+from skulk.worker import Embedding, Generation, ModelService
 
 from ._admission import Admission
 from ._remote import RemoteRouting
@@ -140,6 +141,10 @@ class Router:
             listings.append(ModelListing(model, status, tuple(i.id for i, _ in pairs), failure))
         return listings
 
+    def card(self, model: str) -> ModelCard | None:
+        """The card the cluster registered for ``model`` (architecture, sizes), if any."""
+        return self._state().model(model)
+
     def route(self, model: str) -> Route:
         """The instance to serve ``model`` now (see the module doc)."""
         state = self._state()
@@ -177,6 +182,40 @@ class Router:
                     async for item in items:
                         yield item
         finally:
-            self._in_flight[route.instance] -= 1
-            if self._in_flight[route.instance] <= 0:
-                del self._in_flight[route.instance]
+            self._done(route)
+
+    async def count_tokens(self, route: Route, prompt: Prompt) -> int:
+        """How many tokens ``prompt`` is for ``route``'s model, counted where it is served
+        (nothing decoded). Raises as :meth:`generate` does before any output."""
+        self._in_flight[route.instance] += 1
+        try:
+            if route.local:
+                with self._admission.admit(route.instance):
+                    return await self._service(route).count_tokens(prompt)
+            return await self._remote.count_tokens(route.node, route.instance, prompt)
+        finally:
+            self._done(route)
+
+    async def embed(
+        self, route: Route, inputs: tuple[EmbedInput, ...], truncate: bool = False
+    ) -> Embedding:
+        """``inputs`` embedded by ``route``'s instance (see :mod:`skulk.runner._embed`)."""
+        self._in_flight[route.instance] += 1
+        try:
+            if route.local:
+                with self._admission.admit(route.instance):
+                    return await self._service(route).embed(inputs, truncate)
+            return await self._remote.embed(route.node, route.instance, inputs, truncate)
+        finally:
+            self._done(route)
+
+    def _service(self, route: Route) -> ModelService:
+        service = self._local(route.instance)
+        if service is None:
+            raise NoReadyInstance(route.model, {route.instance: "stopped"})
+        return service
+
+    def _done(self, route: Route) -> None:
+        self._in_flight[route.instance] -= 1
+        if self._in_flight[route.instance] <= 0:
+            del self._in_flight[route.instance]

@@ -31,7 +31,10 @@ from skulk.federation import (
 )
 from skulk.wire import WireError
 from skulk.wire.routing import (
+    RouteAnswer,
+    RouteCounted,
     RouteDelta,
+    RouteEmbedded,
     RouteEnd,
     RouteFailed,
     RouteHeader,
@@ -39,15 +42,20 @@ from skulk.wire.routing import (
     RouteKeepalive,
     RouteNotReady,
     RouteRequest,
+    RouteTokenize,
 )
-from skulk.worker import Generation, ModelService, ModelUnavailable, RequestFailure
+from skulk.worker import Generation, ModelService, ModelUnavailable, RequestFailure, logprobs_of
 
 from ._admission import Admission
 from ._errors import Overloaded
 from ._hop import (
     ADMITTED,
+    ANSWER_CODEC,
+    ASK_CODEC,
+    ASK_METHOD,
     ITEM_CODEC,
     MAX_DELTA_CHARS,
+    MAX_DELTA_LOGPROBS,
     REQUEST_CODEC,
     ROUTE_METHOD,
     RouteTimeouts,
@@ -86,10 +94,44 @@ class RouteServer:
     async def handle_rpc(self, method: str, body: bytes) -> bytes:
         await trio.lowlevel.checkpoint()
         try:
+            if method == ASK_METHOD:
+                return ANSWER_CODEC.encode(await self._answer(body))
             return self._admit(method, body)
         except RpcFailed:
             self.refused += 1
             raise
+
+    async def _answer(self, body: bytes) -> RouteAnswer:
+        """Serve a one-answer request (``route.ask``) within the rpc: its deadline, travelling
+        from the caller, bounds it; admission as for a generation."""
+        try:
+            ask = ASK_CODEC.decode(body)
+        except WireError as exc:
+            raise RpcFailed("bad_request", str(exc)[:200]) from None
+        service = self._lookup(ask.instance)
+        if service is None:
+            raise RpcFailed("instance_not_here", f"instance {ask.instance} does not run here")
+        status = service.status()
+        if not status.ready:
+            raise RpcFailed("not_ready", f"instance {ask.instance} is {status.state}")
+        with contextlib.ExitStack() as place:
+            try:
+                place.enter_context(self._admission.admit(ask.instance))
+            except Overloaded as exc:
+                raise RpcFailed("overloaded", f"{exc.retry_after:g}") from None
+            self.served += 1
+            self.serving += 1
+            try:
+                if isinstance(ask, RouteTokenize):
+                    return RouteCounted(await service.count_tokens(ask.prompt))
+                done = await service.embed(ask.inputs, ask.truncate)
+                return RouteEmbedded(done.vectors, done.prompt_tokens)
+            except ModelUnavailable as exc:
+                return RouteNotReady(str(exc))
+            except RequestFailure as exc:
+                return RouteFailed(exc.reason, exc.message)
+            finally:
+                self.serving -= 1
 
     def _admit(self, method: str, body: bytes) -> bytes:
         peer = rpc_peer()
@@ -207,9 +249,9 @@ class RouteServer:
             ) as items:
                 async for item in items:
                     if isinstance(item, Generation):
-                        return RouteEnd(item.finish_reason, item.usage)
-                    for start in range(0, len(item), MAX_DELTA_CHARS):
-                        await out.send(RouteDelta(item[start : start + MAX_DELTA_CHARS]))
+                        return RouteEnd(item.finish_reason, item.usage, item.stop_sequence)
+                    for piece in _pieces(item):
+                        await out.send(piece)
             return RouteFailed("runner_stopped", "the generation ended without a result")
         except ModelUnavailable as exc:
             return RouteNotReady(str(exc))
@@ -259,14 +301,35 @@ def _merge(
     """``delta`` with the deltas already waiting after it (up to :data:`MAX_DELTA_CHARS`), and
     the item that stopped the merge, if one was taken."""
     texts = [delta.text]
+    logprobs = list(delta.logprobs)
     size = len(delta.text)
     while True:
         try:
             item = items.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel):
             break
-        if not isinstance(item, RouteDelta) or size + len(item.text) > MAX_DELTA_CHARS:
-            return RouteDelta("".join(texts)), item
+        if (
+            not isinstance(item, RouteDelta)
+            or size + len(item.text) > MAX_DELTA_CHARS
+            or len(logprobs) + len(item.logprobs) > MAX_DELTA_LOGPROBS
+        ):
+            return RouteDelta("".join(texts), tuple(logprobs)), item
         texts.append(item.text)
+        logprobs.extend(item.logprobs)
         size += len(item.text)
-    return RouteDelta("".join(texts)), None
+    return RouteDelta("".join(texts), tuple(logprobs)), None
+
+
+def _pieces(text: str) -> list[RouteDelta]:
+    """A generation's delta as route deltas of at most :data:`MAX_DELTA_CHARS` characters and
+    :data:`MAX_DELTA_LOGPROBS` log-probability entries each (text and entries split apart:
+    the caller joins them again in order)."""
+    entries = logprobs_of(text)
+    count = max(-(-len(text) // MAX_DELTA_CHARS), -(-len(entries) // MAX_DELTA_LOGPROBS))
+    return [
+        RouteDelta(
+            str(text[i * MAX_DELTA_CHARS : (i + 1) * MAX_DELTA_CHARS]),
+            entries[i * MAX_DELTA_LOGPROBS : (i + 1) * MAX_DELTA_LOGPROBS],
+        )
+        for i in range(count)
+    ]

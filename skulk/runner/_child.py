@@ -3,8 +3,9 @@
 The runner is deliberately not a Trio program: decode steps are blocking mlx calls, so the main
 thread runs the engine and a reader thread turns the socket's bytes into frames on a queue. The
 main thread looks at that queue between decode steps, so a ``Cancel`` takes effect within one
-token, and it sends a ``Heartbeat`` every heartbeat interval — while idle, between prefill
-chunks and between decode steps — so a runner whose main loop is stuck falls silent and the node
+step (of the whole decode batch, see :mod:`skulk.runner._batch`), and it sends a
+``Heartbeat`` every heartbeat interval — while idle, between prefill chunks and between decode
+steps — so a runner whose main loop is stuck falls silent and the node
 can tell it is wedged. Nothing a request carries may stall that loop for long: prompts are
 tokenized on a worker thread (:mod:`skulk.runner._prepare`) whose results come back through the
 same queue, and sampling parameters never trigger a compilation (:mod:`skulk.runner._sampling`).
@@ -31,18 +32,34 @@ import os
 import socket
 import threading
 import time
+from collections import deque
+from functools import partial
 from pathlib import Path
 
 from skulk import __version__
-from skulk.runner._engine import Engine, Generation, RequestError
+from skulk.runner._batch import (
+    Batch,
+    KvBudget,
+    Prefill,
+    Row,
+    available_memory,
+    batchable,
+    default_kv_budget,
+)
+from skulk.runner._embed import EmbedJob, check_inputs, input_tokens
+from skulk.runner._engine import Engine, RequestError, Step
+from skulk.runner._grammar import request_constraint
 from skulk.runner._link import EOF, Link
+from skulk.runner._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
+from skulk.runner._speculate import DEFAULT_SPECULATIVE_TOKENS
 from skulk.runner.faults import Faults
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
+    Embed,
+    Embedded,
     Finished,
-    FinishReason,
     Generate,
     Hello,
     Load,
@@ -52,6 +69,8 @@ from skulk.wire.runner import (
     RunnerFailed,
     Shutdown,
     TokenChunk,
+    Tokenize,
+    Tokenized,
     Usage,
     WarmedUp,
 )
@@ -90,7 +109,7 @@ def main(
         except Exception as exc:
             link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
             return 2
-        return _serve(link, engine, faults)
+        return _serve(link, engine, faults, first)
     except (BrokenPipeError, ConnectionResetError):
         return 0  # the node closed the link: it is stopping us
 
@@ -120,17 +139,17 @@ def load_failure_reason(exc: Exception) -> str:
     return "load_error"
 
 
-def _serve(link: Link, engine: Engine, faults: Faults) -> int:
-    requests = _Requests(link, engine, faults)
+def _serve(link: Link, engine: Engine, faults: Faults, load: Load) -> int:
+    requests = _Requests(link, engine, faults, load)
     while True:
         # Block for work only when idle; otherwise take what has arrived and keep decoding.
-        frames = [] if requests.active else [link.next_frame(block=True)]
+        frames = [] if requests.busy else [link.next_frame(block=True)]
         while (frame := link.next_frame(block=False)) is not None:
             frames.append(frame)
         for frame in frames:
             if frame is EOF or isinstance(frame, Shutdown):
                 return 0
-            if isinstance(frame, Generate):
+            if isinstance(frame, (Generate, Tokenize, Embed)):
                 requests.accept(frame)
             elif isinstance(frame, Prepared):
                 requests.start(frame)
@@ -140,44 +159,86 @@ def _serve(link: Link, engine: Engine, faults: Faults) -> int:
             else:
                 log.error("runner: unexpected frame %r", frame)
                 return 3
-        for request_id, gen in list(requests.active.items()):
-            faults.hit("decode", gen.completion_tokens)
-            requests.step(request_id, gen)
+        requests.advance()
         link.beat()
 
 
 class _Requests:
-    """The requests a runner serves: those whose prompt is being tokenized (``waiting``, on the
-    :class:`PromptPreparer`'s thread) and those decoding (``active``, on the main thread).
+    """The requests a runner serves, in the order they move: ``waiting`` (the prompt is being
+    tokenized on the :class:`PromptPreparer`'s thread), ``queued`` (tokenized, waiting FIFO for
+    room in the KV budget, at most ``Load.kv_waiting``), ``prefills`` (admitted: the prompt is
+    computed one chunk per loop turn) and the decode ``batch`` (see :mod:`skulk.runner._batch`).
+    Each turn of the loop (:meth:`advance`) runs one prefill chunk, then one decode step of
+    the whole batch, so a long prompt never stalls the running streams.
 
     Every request ends with exactly one ``Finished`` or ``RequestFailed``, and a failure of one
-    request — a refusal, an engine exception — ends only that request. Every ``Cancel`` is
-    answered with one ``Finished(cancelled)``: for an active or waiting request that is its end;
-    for an id the runner does not know (it finished first, or never started) it is a bare
-    acknowledgement with zero usage, which the node needs to clear its cancel deadline.
+    request — a refusal, a prefill exception — ends only that request (a failed decode step
+    fails the rows that shared it). Every ``Cancel`` is answered with one
+    ``Finished(cancelled)``: for a request the runner holds it is its end; for an id the runner
+    does not know (it finished first, or never started) it is a bare acknowledgement with zero
+    usage, which the node needs to clear its cancel deadline.
     """
 
-    def __init__(self, link: Link, engine: Engine, faults: Faults) -> None:
+    def __init__(self, link: Link, engine: Engine, faults: Faults, load: Load) -> None:
         self._link = link
         self._engine = engine
         self._faults = faults
-        self._preparer = PromptPreparer(engine.tokenize, link.inbox)
-        self.active: dict[str, Generation] = {}
+        self._preparer = PromptPreparer(
+            engine.tokenize,
+            link.inbox,
+            partial(request_constraint, engine.tokenizer),
+            lambda req: [input_tokens(engine, item, req.truncate) for item in req.inputs],
+        )
+        self.embeds: deque[EmbedJob] = deque()  # tokenized Embed requests, one group a turn
+        per_token = engine.kv_bytes_per_token
+        capacity = load.kv_cache_bytes
+        if capacity is None:
+            capacity = default_kv_budget(per_token, engine.context_length, available_memory())
+        self.budget = KvBudget(capacity, per_token, engine.context_length)
+        self._max_queued = max(0, load.kv_waiting)
+        fresh = engine.new_cache()
+        self._batchable = batchable(fresh)
+        prefix_bytes = load.prefix_cache_bytes
+        if prefix_bytes is None:
+            prefix_bytes = DEFAULT_PREFIX_CACHE_BYTES
+        self.prefix = PrefixCache(prefix_bytes if PrefixCache.supports(fresh) else 0)
         self.waiting: dict[str, int] = {}  # request id → job number of its tokenization
+        self.queued: deque[tuple[Row, int]] = deque()  # (row, KV bytes it needs)
+        self.prefills: deque[Prefill] = deque()
+        self.batches: list[Batch] = []  # one, unless the model's caches cannot be merged
+        speculative = load.speculative_tokens
+        self._speculative = DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative
 
-    def accept(self, req: Generate) -> None:
-        if req.request_id in self.active or req.request_id in self.waiting:
+    @property
+    def busy(self) -> bool:
+        """Whether there is compute to do (a prefill or a decode step) this turn."""
+        return bool(self.prefills) or any(self.batches) or bool(self.embeds)
+
+    def _known(self, request_id: str) -> bool:
+        return (
+            request_id in self.waiting
+            or any(job.request_id == request_id for job in self.embeds)
+            or any(row.request_id == request_id for row, _ in self.queued)
+            or any(p.row.request_id == request_id for p in self.prefills)
+            or any(r.request_id == request_id for b in self.batches for r in b.rows)
+        )
+
+    def accept(self, req: Generate | Tokenize | Embed) -> None:
+        if self._known(req.request_id):
             self._fail(req.request_id, "duplicate_request", "request id already active")
             return
         try:
-            self._engine.check_params(req.params)
+            if isinstance(req, Generate):
+                self._engine.check_params(req.params)
+            elif isinstance(req, Embed):
+                check_inputs(self._engine, len(req.inputs))
         except RequestError as exc:
             self._fail(req.request_id, exc.reason, exc.message)
             return
         self.waiting[req.request_id] = self._preparer.submit(req)
 
     def start(self, prepared: Prepared) -> None:
-        """Prefill a tokenized prompt (ticking between chunks) and make it active."""
+        """Admit a tokenized prompt to the KV budget (or queue it, or refuse it)."""
         req = prepared.request
         if self.waiting.get(req.request_id) != prepared.job:
             return  # cancelled while it was tokenized: already answered
@@ -185,54 +246,169 @@ class _Requests:
         if prepared.failure is not None:
             self._fail(req.request_id, *prepared.failure)
             return
-        chunks = 0
-
-        def tick() -> None:
-            nonlocal chunks
-            chunks += 1
-            self._faults.hit("prefill", chunks)
-            self._link.beat()
-
+        if isinstance(req, Tokenize):  # counted: nothing to compute, no KV memory
+            self._link.send(Tokenized(req.request_id, len(prepared.tokens)))
+            return
+        if isinstance(req, Embed):
+            self.embeds.append(EmbedJob(self._engine, req.request_id, prepared.inputs))
+            return
         try:
-            gen = self._engine.generation(list(prepared.tokens), req.params, tick=tick)
+            row = Row.open(
+                self._engine, req.request_id, prepared.tokens, req.params, prepared.constraint
+            )
         except RequestError as exc:
             self._fail(req.request_id, exc.reason, exc.message)
+            return
+        refusal = self.budget.refusal(len(prepared.tokens), req.params.max_tokens)
+        if refusal is not None:
+            self._fail(req.request_id, *refusal)
+            return
+        need = self.budget.need(len(prepared.tokens), req.params.max_tokens)
+        if not self.queued and self.budget.fits(need):
+            self._admit(row, need)
+        elif len(self.queued) < self._max_queued:
+            self.queued.append((row, need))
+        else:
+            self._fail(
+                req.request_id,
+                "kv_cache_full",
+                f"the runner's KV cache is in use by {self._running()} requests and "
+                f"{len(self.queued)} more wait for it",
+            )
+
+    def _running(self) -> int:
+        return len(self.prefills) + sum(len(b) for b in self.batches)
+
+    def _admit(self, row: Row, need: int) -> None:
+        self.budget.take(need)
+        row.reserved = need
+        hit = self.prefix.fetch(row.tokens)
+        if hit is None:
+            self.prefills.append(Prefill(self._engine, row, self._engine.new_cache()))
+        else:
+            cache, reused = hit
+            row.cached_tokens = reused
+            self.prefills.append(Prefill(self._engine, row, cache, reused))
+
+    def _release(self, row: Row) -> None:
+        """Give ``row``'s KV bytes back and admit the queued requests that now fit, in order."""
+        self.budget.release(row.reserved)
+        row.reserved = 0
+        while self.queued and self.budget.fits(self.queued[0][1]):
+            queued, need = self.queued.popleft()
+            self._admit(queued, need)
+
+    def advance(self) -> None:
+        """One embedding group of the oldest ``Embed``, one prefill chunk of the oldest
+        admitted prompt, then one decode step."""
+        if self.embeds:
+            self._embed_group(self.embeds[0])
+        if self.prefills:
+            self._prefill_chunk(self.prefills[0])
+        for batch in list(self.batches):
+            self._decode(batch)
+
+    def _prefill_chunk(self, prefill: Prefill) -> None:
+        row = prefill.row
+        try:
+            first = prefill.advance()
         except Exception as exc:
             log_failure("could not start a request", exc)
-            self._fail(req.request_id, "engine_error", f"prefill failed: {exc}")
+            self.prefills.popleft()
+            self._release(row)
+            self._fail(row.request_id, "engine_error", f"prefill failed: {exc}")
+            return
+        if first is None:
+            self._faults.hit("prefill", prefill.chunks)
+            return
+        self.prefills.popleft()
+        if self._batchable and self.batches:
+            batch = self.batches[0]
+            self._emit(batch, batch.settle())  # a lone speculating row back to plain decoding
+        if self._batchable and self.batches:
+            self.batches[0].add(row, prefill.cache, first)
         else:
-            self.active[req.request_id] = gen
+            batch = Batch(self._engine, self._speculative)
+            batch.add(row, prefill.cache, first)
+            self.batches.append(batch)
 
-    def step(self, request_id: str, gen: Generation) -> None:
+    def _decode(self, batch: Batch) -> None:
+        for row in batch.rows:
+            self._faults.hit("decode", row.out.completion_tokens)
         try:
-            step = gen.step()
+            steps = batch.step()
         except Exception as exc:
             log_failure("a decode step failed", exc)
-            del self.active[request_id]
-            self._fail(request_id, "engine_error", f"decode failed: {exc}")
+            self.batches.remove(batch)
+            for row in batch.rows:
+                self._release(row)
+                self._fail(row.request_id, "engine_error", f"decode failed: {exc}")
             return
-        if step.token_ids or step.text:
-            self._link.send(TokenChunk(request_id, step.token_ids, step.text))
-        if step.finish_reason is not None:
-            del self.active[request_id]
-            self._link.send(_finished(request_id, gen, step.finish_reason))
+        self._emit(batch, steps)
+
+    def _embed_group(self, job: EmbedJob) -> None:
+        try:
+            done = job.advance()
+        except Exception as exc:
+            log_failure("an embedding failed", exc)
+            self.embeds.popleft()
+            self._fail(job.request_id, "engine_error", f"embedding failed: {exc}")
+            return
+        if done:
+            self.embeds.popleft()
+            self._link.send(Embedded(job.request_id, tuple(job.vectors), job.prompt_tokens))
+
+    def _emit(self, batch: Batch, steps: list[tuple[Row, Step]]) -> None:
+        """Send what ``batch``'s rows produced; rows that finished leave it."""
+        for row, step in steps:
+            if step.token_ids or step.text:
+                chunk = TokenChunk(row.request_id, step.token_ids, step.text, step.logprobs)
+                self._link.send(chunk)
+            if step.finish_reason is not None:
+                self._leave(batch, row)
+                self._link.send(
+                    Finished(row.request_id, step.finish_reason, row.usage(), row.out.stop_sequence)
+                )
+
+    def _leave(self, batch: Batch, row: Row) -> None:
+        """Take a finished or cancelled ``row`` out of ``batch``, keeping its KV state in the
+        prefix cache."""
+        own = batch.remove(row, keep_cache=self.prefix.max_bytes > 0)
+        if not batch:
+            self.batches.remove(batch)
+        if own is not None:
+            self.prefix.store(row.tokens[: row.fed], own)
+        self._release(row)
 
     def cancel(self, request_id: str) -> None:
-        gen = self.active.pop(request_id, None)
-        if gen is not None:
-            self._link.send(_finished(request_id, gen, "cancelled"))
-            return
+        for job in self.embeds:
+            if job.request_id == request_id:
+                self.embeds.remove(job)
+                self._link.send(Finished(request_id, "cancelled", Usage(job.prompt_tokens, 0)))
+                return
+        for batch in self.batches:
+            for row in batch.rows:
+                if row.request_id == request_id:
+                    self._leave(batch, row)
+                    self._link.send(Finished(request_id, "cancelled", row.usage()))
+                    return
+        for prefill in self.prefills:
+            if prefill.row.request_id == request_id:
+                self.prefills.remove(prefill)
+                self._release(prefill.row)
+                self._link.send(Finished(request_id, "cancelled", prefill.row.usage()))
+                return
+        for queued in self.queued:
+            if queued[0].request_id == request_id:
+                self.queued.remove(queued)
+                self._link.send(Finished(request_id, "cancelled", queued[0].usage()))
+                return
         # Waiting (its tokens are dropped when they come) or unknown: acknowledge all the same.
         self.waiting.pop(request_id, None)
         self._link.send(Finished(request_id, "cancelled", Usage(0, 0)))
 
     def _fail(self, request_id: str, reason: str, message: str) -> None:
         self._link.send(RequestFailed(request_id, reason, shorten(message)))
-
-
-def _finished(request_id: str, gen: Generation, reason: FinishReason) -> Finished:
-    usage = Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens)
-    return Finished(request_id, reason, usage)
 
 
 def _die_with_parent(parent_pid: int) -> None:

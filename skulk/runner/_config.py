@@ -32,7 +32,9 @@ class RunnerConfig:
 
     ``progress_timeout = 0`` disables the progress deadline (a wedged runner then hangs its
     requests: only for experiments). ``faults`` is a fault-hook spec (see
-    :mod:`skulk.runner.faults`), empty in production.
+    :mod:`skulk.runner.faults`), empty in production. ``kv_cache_bytes``,
+    ``prefix_cache_bytes``, ``kv_waiting`` and ``speculative_tokens`` go to the runner in its
+    ``Load`` (``None``: the runner's defaults; see :class:`~skulk.wire.runner.Load`).
     """
 
     hello_timeout: float = 30.0
@@ -44,6 +46,10 @@ class RunnerConfig:
     heartbeat_interval: float = 1.0
     faults: str = ""
     python: str = sys.executable
+    kv_cache_bytes: int | None = None
+    prefix_cache_bytes: int | None = None
+    kv_waiting: int = 64
+    speculative_tokens: int | None = None
 
     def deadlines(self) -> dict[str, float]:
         return {

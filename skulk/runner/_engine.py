@@ -7,10 +7,11 @@ Two halves with different threading rules:
   :mod:`skulk.runner._prepare`), so a huge prompt never stops the other streams or the
   heartbeats. A prompt that cannot fit the context is refused before it is tokenized when the
   tokenizer allows a sound character bound (:mod:`skulk.runner._prompt_bound`).
-* Everything else is synchronous and runs on the runner's main thread. Several generations may
-  be active at once; the runner advances each by one token in turn. Each generation owns its KV
-  cache, its sampler and random key (so a seeded request gives the same tokens whatever else
-  runs beside it), its streaming detokenizer and its stop matcher.
+* Everything else is synchronous and runs on the runner's main thread. A :class:`Generation`
+  is one request decoded alone (the warm-up, tests); a serving runner batches its concurrent
+  requests into shared forward passes (:mod:`skulk.runner._batch`). Either way each request
+  owns its sampler and random key (so a seeded request gives the same tokens whatever else runs
+  beside it), its streaming detokenizer and its stop matcher (:class:`TokenOutput`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,19 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
+from skulk.runner._logprobs import PendingLogprobs, token_bytes
 from skulk.runner._prompt_bound import max_chars_per_token
 from skulk.runner._sampling import Sampler, check_params
 from skulk.runner._stops import StopMatcher
-from skulk.wire.runner import ChatPrompt, FinishReason, Prompt, SamplingParams, TextPrompt
+from skulk.runner._tools import chat_inputs
+from skulk.wire.runner import (
+    ChatPrompt,
+    FinishReason,
+    Prompt,
+    SamplingParams,
+    TextPrompt,
+    TokenLogprob,
+)
 
 PREFILL_STEP = 512
 _async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
@@ -47,11 +57,13 @@ class RequestError(Exception):
 
 @attrs.frozen
 class Step:
-    """What one decode step produced: token ids, text to emit and, at the end, why it ended."""
+    """What one decode step produced: token ids, text to emit and, at the end, why it ended;
+    ``logprobs`` (when the request asked for them) one entry per id in ``token_ids``."""
 
     token_ids: tuple[int, ...]
     text: str
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Engine:
@@ -69,6 +81,29 @@ class Engine:
         self.context_length = context_length
         self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
         self.max_chars_per_token = _chars_per_token(tokenizer)
+        self._kv_bytes_per_token: int | None = None
+
+    def new_cache(self) -> list[Any]:
+        """A fresh single-row KV cache for this model (one entry per layer)."""
+        cache: list[Any] = make_prompt_cache(self.model)
+        return cache
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token of one request takes, over all layers: measured once by
+        running one token through the model (keys and values as the model's layers store them,
+        so kv heads, head dim and dtype are whatever the checkpoint says). Layers whose cache
+        does not grow per token (recurrent state) count nothing. Main thread only (mlx)."""
+        if self._kv_bytes_per_token is None:
+            cache = self.new_cache()
+            self.model(mx.array([[0]]), cache=cache)
+            total = 0
+            for layer in cache:
+                for arr in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if isinstance(arr, mx.array) and arr.ndim == 4:
+                        total += arr.shape[1] * arr.shape[3] * arr.dtype.size
+            self._kv_bytes_per_token = max(1, total)
+        return self._kv_bytes_per_token
 
     @classmethod
     def load(cls, path: Path, progress: Callable[[int, int], None]) -> Engine:
@@ -94,8 +129,10 @@ class Engine:
         added special tokens (what ``apply_chat_template(tokenize=True)`` does)."""
         tok: Any = self.tokenizer
         if isinstance(prompt, ChatPrompt):
-            messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            messages, tools = chat_inputs(prompt, getattr(tok, "chat_template", None))
+            text = tok.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
             if not isinstance(text, str):
                 raise TypeError(f"the chat template rendered {type(text).__name__}, not str")
             self._check_length(text)
@@ -135,8 +172,12 @@ class Engine:
     def generation(
         self, tokens: list[int], params: SamplingParams, tick: Callable[[], None] = lambda: None
     ) -> Generation:
-        """Prefill ``tokens`` (from :meth:`tokenize`), calling ``tick()`` between chunks."""
+        """Prefill ``tokens`` (from :meth:`tokenize`), calling ``tick()`` between chunks.
+        Structured output is refused here (``unsupported``): only the serving loop's rows
+        (:mod:`skulk.runner._batch`) carry a grammar constraint."""
         self.check_params(params)
+        if params.json_schema is not None:
+            raise RequestError("unsupported", "structured output needs the batch decode loop")
         return Generation(self, tokens, params, tick)
 
     def start(
@@ -195,9 +236,16 @@ class TokenOutput:
         limit = context_length - prompt_tokens
         self.max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
         self._detok = tokenizer.detokenizer
+        self._tokenizer = tokenizer
+        self._token_bytes: Callable[[int], bytes] | None = None  # made on first use
         self._stops = StopMatcher(params.stop)
         self._eos = set(tokenizer.eos_token_ids)
         self.finish_reason: FinishReason | None = None
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the generation (``finish_reason`` ``stop``), if one did."""
+        return self._stops.matched if self.finish_reason == "stop" else None
 
     @property
     def next_is_last(self) -> bool:
@@ -205,8 +253,19 @@ class TokenOutput:
         it needs computing)."""
         return self.completion_tokens + 1 >= self.max_tokens
 
-    def feed(self, token: int) -> Step:
-        """The step for the next sampled ``token``; ``finish_reason`` is set on the last."""
+    def feed(self, token: int, logprobs: PendingLogprobs | None = None) -> Step:
+        """The step for the next sampled ``token``; ``finish_reason`` is set on the last.
+        ``logprobs``: the token's (from the request's sampler), resolved into the step unless
+        the token is not emitted (end of sequence)."""
+        step = self._feed(token)
+        if logprobs is not None and step.token_ids:
+            if self._token_bytes is None:
+                self._token_bytes = token_bytes(self._detok, self._tokenizer)
+            entry = logprobs.resolve(token, self._token_bytes)
+            step = attrs.evolve(step, logprobs=(entry,))
+        return step
+
+    def _feed(self, token: int) -> Step:
         if self.finish_reason is not None:
             raise RuntimeError("generation already finished")
         last = self.next_is_last
@@ -288,4 +347,4 @@ class Generation:
         if not self._out.next_is_last:
             self._pending = self._forward(current)
             _async_eval(self._pending)
-        return self._out.feed(int(cast(int, current.item())))
+        return self._out.feed(int(cast(int, current.item())), self._sampler.pop_logprobs())

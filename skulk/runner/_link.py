@@ -1,5 +1,19 @@
 """The runner side of the node link: blocking frame I/O over the inherited socket, the inbox
-the reader thread fills, and the heartbeat clock."""
+the reader thread fills, the heartbeat clock, and the holding of token chunks.
+
+Token chunks are the one frame sent per decode step, so they are what a fast model pays for per
+token: a CBOR encode and a socket write here, a wake-up, a read, a decode and a delivery in
+the node. While steps are fast (each main-loop iteration, beat to beat, shorter than
+:data:`HOLD`), a request's chunks are held and merged into one ``TokenChunk`` written at most
+once per ``HOLD`` — about ``HOLD`` ÷ step time tokens per frame. Nothing is held when it would
+cost latency that matters: a request's first :data:`EAGER` chunks (its time to first token, its
+first words) go out at once, any other frame (``Finished``, a heartbeat, …) first writes what
+is held before it (so a request's tokens always precede its end), and so do a blocking wait for
+frames and every beat after a slow iteration (a large model, a long batch step: one write per
+step, all its chunks together).
+Should the main loop stall inside an iteration (a wedged runner), the chunks held then wait
+with it: they were at most ``HOLD`` old, and the stall delays the request's next token anyway.
+"""
 
 from __future__ import annotations
 
@@ -14,21 +28,33 @@ from collections.abc import Callable
 
 from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, WireError
-from skulk.wire.runner import CollectiveTrace, FromRunner, Heartbeat
+from skulk.wire.runner import (
+    CollectiveTrace,
+    Finished,
+    FromRunner,
+    Heartbeat,
+    RequestFailed,
+    TokenChunk,
+)
 
 log = logging.getLogger("skulk.runner")
 
 #: Put on the inbox when the node's side of the socket closed (or sent garbage).
 EOF = object()
+#: Seconds a token chunk may be held to be merged with the next ones (see the module doc).
+HOLD = 0.004
+#: A request's chunks written at once, whatever ``HOLD`` says (see the module doc).
+EAGER = 3
 
 
 class Link:
     """Blocking frame I/O over the socket inherited from the node, and the heartbeat clock.
 
     Frames are written under a lock (the main thread, and the collective watchdog's last
-    words). ``trace``, when set, is asked for a ``CollectiveTrace`` with every heartbeat."""
+    words). ``trace``, when set, is asked for a ``CollectiveTrace`` with every heartbeat.
+    Token chunks may be held up to about ``hold`` seconds (see the module doc; 0: never)."""
 
-    def __init__(self, sock: socket.socket, heartbeat_interval: float) -> None:
+    def __init__(self, sock: socket.socket, heartbeat_interval: float, hold: float = HOLD) -> None:
         self._sock = sock
         self._lock = threading.Lock()
         self._interval = heartbeat_interval
@@ -36,15 +62,30 @@ class Link:
         self._seq = 0
         self.inbox: queue.Queue[object] = queue.Queue()  # frames, Prepared prompts, EOF
         self.trace: Callable[[], CollectiveTrace | None] | None = None
+        self._hold = hold
+        self._held: dict[str, list[TokenChunk]] = {}  # request id → its chunks not written yet
+        self._sent: dict[str, int] = {}  # request id → its chunks written at once so far
+        self._last_write = 0.0
+        self._last_loop = time.monotonic()  # the last beat(): one main-loop iteration ago
 
     @property
     def heartbeat_interval(self) -> float:
         return self._interval
 
     def send(self, frame: FromRunner) -> None:
+        """Write ``frame`` — or hold it, if it is a token chunk that may wait (module doc)."""
+        if isinstance(frame, TokenChunk):
+            sent = self._sent.get(frame.request_id, 0)
+            if sent >= EAGER and self._hold > 0:
+                with self._lock:
+                    self._held.setdefault(frame.request_id, []).append(frame)
+                return
+            self._sent[frame.request_id] = sent + 1
+        elif isinstance(frame, Finished | RequestFailed):
+            self._sent.pop(frame.request_id, None)
         data = FROM_RUNNER.pack(frame)
         with self._lock:
-            self._sock.sendall(data)
+            self._write(self._take_held() + data)
 
     def send_within(self, frame: FromRunner, seconds: float) -> bool:
         """Send unless the lock stays taken for ``seconds`` (the main thread stuck in a send);
@@ -53,15 +94,42 @@ class Link:
         if not self._lock.acquire(timeout=seconds):
             return False
         try:
-            self._sock.sendall(data)
+            self._write(self._take_held() + data)
         finally:
             self._lock.release()
         return True
 
+    def flush(self) -> None:
+        """Write the held token chunks now."""
+        with self._lock:
+            if self._held:
+                self._write(self._take_held())
+
+    def _take_held(self) -> bytes:
+        """The held chunks, one merged frame per request, packed (call under the lock)."""
+        if not self._held:
+            return b""
+        frames = []
+        for request_id, chunks in self._held.items():
+            ids = tuple(i for c in chunks for i in c.token_ids)
+            logprobs = tuple(e for c in chunks for e in c.logprobs)
+            frames.append(TokenChunk(request_id, ids, "".join(c.text for c in chunks), logprobs))
+        self._held.clear()
+        return b"".join(map(FROM_RUNNER.pack, frames))
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            self._sock.sendall(data)
+            self._last_write = time.monotonic()
+
     def beat(self) -> None:
-        """Send a heartbeat (and the collective trace) if one is due. Call from the main loop
-        only: it proves *that* runs."""
+        """Send a heartbeat (and the collective trace) if one is due, and the held token chunks
+        unless iterations are fast and one was written less than ``hold`` ago. Call from the
+        main loop only, once per iteration: it proves *that* runs, and times its iterations."""
         now = time.monotonic()
+        slow, self._last_loop = now - self._last_loop >= self._hold, now
+        if self._held and (slow or now - self._last_write >= self._hold):
+            self.flush()
         if now - self._last_beat < self._interval:
             return
         self._last_beat = now
@@ -71,7 +139,10 @@ class Link:
             self.send(trace)
 
     def next_frame(self, block: bool) -> object | None:
-        """The next frame; when ``block``, wait for one, beating while idle."""
+        """The next frame; when ``block``, wait for one (after writing what is held), beating
+        while idle."""
+        if block:
+            self.flush()
         while True:
             try:
                 return self.inbox.get(timeout=self._interval) if block else self.inbox.get_nowait()
@@ -81,7 +152,9 @@ class Link:
                     return None
 
     def wait_frame(self, seconds: float) -> object | None:
-        """The next frame if one comes within ``seconds`` (beating meanwhile), else ``None``."""
+        """The next frame if one comes within ``seconds`` (beating meanwhile, after writing
+        what is held), else ``None``."""
+        self.flush()
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             try:

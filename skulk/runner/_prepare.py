@@ -25,7 +25,8 @@ from collections.abc import Callable
 import attrs
 
 from skulk.runner._engine import RequestError
-from skulk.wire.runner import Generate, Prompt
+from skulk.runner._grammar import Constraint
+from skulk.wire.runner import Embed, Generate, Prompt, SamplingParams, Tokenize
 
 log = logging.getLogger("skulk.runner")
 
@@ -45,28 +46,47 @@ def log_failure(what: str, exc: BaseException) -> None:
     log.error("runner: %s: %s: %s\n%s", what, type(exc).__name__, shorten(str(exc)), frames)
 
 
+#: What the preparer tokenizes: a generation's prompt, a prompt to count, inputs to embed.
+Job = Generate | Tokenize | Embed
+
+
 @attrs.frozen
 class Prepared:
     """A prompt tokenized for ``request`` (job ``job``), or why it cannot be served
-    (``failure`` is ``(reason, message)`` for a ``RequestFailed``)."""
+    (``failure`` is ``(reason, message)`` for a ``RequestFailed``). ``constraint``: the
+    grammar state of a structured-output request, compiled here too (tens of milliseconds for
+    a large schema). For an ``Embed``, ``inputs`` holds each input's tokens (``tokens`` is
+    empty)."""
 
     job: int
-    request: Generate
+    request: Job
     tokens: tuple[int, ...] = ()
     failure: tuple[str, str] | None = None
+    constraint: Constraint | None = None
+    inputs: tuple[tuple[int, ...], ...] = ()
 
 
 class PromptPreparer:
-    """Tokenizes prompts on one daemon thread; results go to ``inbox`` as :class:`Prepared`."""
+    """Tokenizes prompts on one daemon thread; results go to ``inbox`` as :class:`Prepared`.
+    ``constrain`` builds a request's grammar constraint (see
+    :func:`skulk.runner._grammar.request_constraint`) on the same thread."""
 
-    def __init__(self, tokenize: Callable[[Prompt], list[int]], inbox: queue.Queue[object]) -> None:
+    def __init__(
+        self,
+        tokenize: Callable[[Prompt], list[int]],
+        inbox: queue.Queue[object],
+        constrain: Callable[[SamplingParams], Constraint | None] = lambda _: None,
+        embed_tokens: Callable[[Embed], list[list[int]]] | None = None,
+    ) -> None:
         self._tokenize = tokenize
+        self._constrain = constrain
+        self._embed_tokens = embed_tokens
         self._inbox = inbox
-        self._jobs: queue.Queue[tuple[int, Generate]] = queue.Queue()
+        self._jobs: queue.Queue[tuple[int, Job]] = queue.Queue()
         self._next_job = 0
         threading.Thread(target=self._work, name="runner-tokenizer", daemon=True).start()
 
-    def submit(self, request: Generate) -> int:
+    def submit(self, request: Job) -> int:
         """Queue ``request``'s prompt; returns the job number its :class:`Prepared` carries."""
         self._next_job += 1
         self._jobs.put((self._next_job, request))
@@ -76,13 +96,23 @@ class PromptPreparer:
         while True:
             job, request = self._jobs.get()
             try:
-                tokens = tuple(self._tokenize(request.prompt))
+                if isinstance(request, Embed):
+                    result = Prepared(job, request, inputs=self._inputs(request))
+                elif isinstance(request, Tokenize):
+                    result = Prepared(job, request, tuple(self._tokenize(request.prompt)))
+                else:
+                    tokens = tuple(self._tokenize(request.prompt))
+                    constraint = self._constrain(request.params)
+                    result = Prepared(job, request, tokens, constraint=constraint)
             except RequestError as exc:
                 result = Prepared(job, request, failure=(exc.reason, shorten(exc.message)))
             except Exception as exc:
                 log_failure("could not tokenize a prompt", exc)
                 message = shorten(f"tokenizing failed: {type(exc).__name__}: {exc}")
                 result = Prepared(job, request, failure=("engine_error", message))
-            else:
-                result = Prepared(job, request, tokens)
             self._inbox.put(result)
+
+    def _inputs(self, request: Embed) -> tuple[tuple[int, ...], ...]:
+        if self._embed_tokens is None:
+            raise RequestError("unsupported", "this runner does not embed")
+        return tuple(tuple(ids) for ids in self._embed_tokens(request))

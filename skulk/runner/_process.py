@@ -73,6 +73,8 @@ from skulk.wire.runner import (
     CollectiveEntry,
     CollectiveTimeout,
     CollectiveTrace,
+    Embed,
+    Embedded,
     Finished,
     FromRunner,
     Generate,
@@ -90,13 +92,15 @@ from skulk.wire.runner import (
     ShardSpec,
     Shutdown,
     TokenChunk,
+    Tokenize,
+    Tokenized,
     ToRunner,
     WarmedUp,
 )
 
 log = logging.getLogger("skulk.runner")
 
-RequestEvent = TokenChunk | Finished | RequestFailed
+RequestEvent = TokenChunk | Finished | Tokenized | Embedded | RequestFailed
 #: Chunks buffered per request; a consumer that falls this far behind is failed with
 #: ``client_too_slow`` (the runner's reader never waits for one consumer).
 REQUEST_BUFFER = 1024
@@ -202,6 +206,30 @@ class Runner:
         On a rank other than 0 of a sharded instance every request is refused with
         :class:`RequestRejected` (``not_rank_zero``): rank 0 serves for the whole group.
         """
+        frame = Generate(request_id=request_id, prompt=prompt, params=params)
+        async with self._open(frame) as events:
+            yield events
+
+    async def ask(self, frame: Tokenize | Embed) -> Tokenized | Embedded | RequestFailed | None:
+        """Send a one-answer request (count a prompt's tokens, embed inputs) and return its
+        answer: ``Tokenized`` / ``Embedded``, ``RequestFailed``, or ``None`` when the runner
+        went away (see :attr:`failure`). Raises as :meth:`open_request` does; a sharded
+        instance refuses both with :class:`RequestRejected` (``unsupported``). Cancelled while
+        waiting, it cancels the request on the runner."""
+        if self.shard is not None:
+            what = "embeddings" if isinstance(frame, Embed) else "token counting"
+            raise RequestRejected("unsupported", f"{what} are not served by sharded instances")
+        async with self._open(frame) as events:
+            async for event in events:
+                if isinstance(event, (Tokenized, Embedded, RequestFailed)):
+                    return event
+        return None
+
+    @asynccontextmanager
+    async def _open(
+        self, frame: Generate | Tokenize | Embed
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[RequestEvent]]:
+        request_id = frame.request_id
         if self.shard is not None and self.shard.rank != 0:
             raise RequestRejected(
                 "not_rank_zero",
@@ -217,7 +245,7 @@ class Runner:
             raise ValueError(f"request id {request_id!r} already active")
         # Encode first: a request that cannot be sent must leave nothing behind — no channel,
         # no in-flight entry, and above all no Cancel for a request the runner never saw.
-        data = _encode_generate(Generate(request_id=request_id, prompt=prompt, params=params))
+        data = _encode_generate(frame)
         # One slot more than the chunks it may hold: room for a final client_too_slow.
         send, receive = trio.open_memory_channel[RequestEvent](REQUEST_BUFFER + 1)
         self._requests[request_id] = send
@@ -336,7 +364,15 @@ class Runner:
             raise ProtocolError(
                 f"runner speaks protocol {hello.protocol_version}, node {PROTOCOL_VERSION}"
             )
-        load = Load(model_path=self.model_path, model_id=self.model_id, shard=self.shard)
+        load = Load(
+            model_path=self.model_path,
+            model_id=self.model_id,
+            shard=self.shard,
+            kv_cache_bytes=self.config.kv_cache_bytes,
+            prefix_cache_bytes=self.config.prefix_cache_bytes,
+            kv_waiting=self.config.kv_waiting,
+            speculative_tokens=self.config.speculative_tokens,
+        )
         if self.shard is None:
             self._transition("loading")
             await self._send(load)
@@ -471,7 +507,7 @@ class Runner:
     async def _dispatch(self, frames: AsyncIterator[FromRunner]) -> None:
         async for frame in frames:
             self._last_progress = trio.current_time()
-            if isinstance(frame, (TokenChunk, Finished, RequestFailed)):
+            if isinstance(frame, (TokenChunk, Finished, Tokenized, Embedded, RequestFailed)):
                 self._deliver(frame)
             elif not self._background(frame, _crashed):
                 raise ProtocolError(f"unexpected {type(frame).__name__} while serving")
@@ -500,8 +536,10 @@ class Runner:
                     self._cancelled += 1
                 detail = f"{frame.finish_reason}, {frame.usage.completion_tokens} tokens"
                 self.recorder.record("request.finish", detail, rid)
-            else:
+            elif isinstance(frame, RequestFailed):
                 self.recorder.record("request.fail", f"{frame.reason}: {frame.message}", rid)
+            else:
+                self.recorder.record("request.finish", type(frame).__name__.lower(), rid)
             if not self._inflight:
                 self._transition("ready")
         send = self._requests.get(rid)
@@ -754,7 +792,7 @@ async def _next(frames: AsyncIterator[FromRunner]) -> FromRunner:
         raise RunnerCrashed("runner exited before it was ready") from None
 
 
-def _encode_generate(frame: Generate) -> bytes:
+def _encode_generate(frame: Generate | Tokenize | Embed) -> bytes:
     """``frame`` packed for the runner, or :class:`RequestRejected` saying why it cannot be."""
     try:
         return TO_RUNNER.pack(frame)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import cast
 
 import mlx.core as mx
 
-from skulk.wire.runner import SamplingParams
+from skulk.runner._logprobs import PendingLogprobs, pending_logprobs
+from skulk.wire.runner import MAX_TOP_LOGPROBS, SamplingParams
 
 #: Below this temperature sampling is greedy: ``1 / temperature`` would overflow float32 when it
 #: scales the log-probabilities (every token ``-inf`` or NaN, so a garbage token). At such a
@@ -71,6 +73,8 @@ def check_params(params: SamplingParams) -> str | None:
         return f"top_p must be finite, not {params.top_p!r}"
     if params.max_tokens is not None and params.max_tokens < 1:
         return f"max_tokens must be at least 1, not {params.max_tokens}"
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        return f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}, not {params.logprobs}"
     return None
 
 
@@ -80,6 +84,16 @@ class Sampler:
     ``top_p`` outside ``(0, 1)`` and ``top_k`` outside ``(0, vocab)`` disable those filters;
     ``temperature`` below :data:`MIN_TEMPERATURE` (``0`` included) is greedy. The key is split
     once per sampled token, so a seeded request gives the same tokens whatever runs beside it.
+
+    Speculative decoding (:mod:`skulk.runner._speculate`) samples several positions at once
+    with :meth:`sample_ahead` and then keeps only some of them with :meth:`commit`: each row is
+    sampled with the very subkey plain decoding would use for that position, so the tokens are
+    the same with and without speculation.
+
+    With ``SamplingParams.logprobs`` every sampled token's log-probabilities are computed beside
+    it (:mod:`skulk.runner._logprobs`: the log-softmax of the logits given, before temperature,
+    top-p and top-k) and queued for :meth:`pop_logprobs`; rows of :meth:`sample_ahead` join the
+    queue only once :meth:`commit` keeps them. Without it nothing is recorded.
     """
 
     def __init__(self, params: SamplingParams, vocab_size: int) -> None:
@@ -89,14 +103,87 @@ class Sampler:
         self._top_k = params.top_k if 0 < params.top_k < vocab_size else None
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._key = mx.random.key(seed % (1 << 64))
+        # The keys after 1, 2, … further splits, from the last sample_ahead (see commit).
+        self._ahead: list[mx.array] = []
+        self._ahead_from: mx.array | None = None
+        #: ``SamplingParams.logprobs``: with a number, every sampled token's log-probabilities
+        #: wait in ``_logprobs`` (in sampling order) until :meth:`pop_logprobs` takes them.
+        self.logprobs = params.logprobs
+        self._logprobs: deque[PendingLogprobs] = deque()
+        self._ahead_logprobs: list[PendingLogprobs] = []
 
     def __call__(self, logits: mx.array) -> mx.array:
+        token = self._draw(logits)
+        if self.logprobs is not None:
+            self._logprobs.append(pending_logprobs(logits, token, self.logprobs))
+        return token
+
+    def pop_logprobs(self) -> PendingLogprobs | None:
+        """The log-probabilities of the oldest sampled token not popped yet (tokens are handed
+        out in the order they were sampled; a :meth:`sample_ahead` row counts once
+        :meth:`commit` keeps it); ``None`` when the request did not ask for them."""
+        return self._logprobs.popleft() if self._logprobs else None
+
+    def _draw(self, logits: mx.array) -> mx.array:
         if self.greedy:
             return mx.argmax(logits, axis=-1)
+        scaled = self._scaled_logprobs(logits)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(scaled, key=sub)
+
+    def _scaled_logprobs(self, logits: mx.array) -> mx.array:
+        """One row's filtered log-probabilities times ``1 / temperature``; ``logits`` has shape
+        ``(1, vocab)`` (the normalisation runs over the whole array)."""
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         if self._top_p is not None:
             logprobs = apply_top_p(logprobs, self._top_p)
         if self._top_k is not None:
             logprobs = apply_top_k(logprobs, self._top_k)
-        self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * self._scale, key=sub)
+        return logprobs * self._scale
+
+    def sample_ahead(self, logits: mx.array) -> mx.array:
+        """Sample each row of a ``(n, vocab)`` block as ``n`` successive calls would, without
+        advancing the key: row ``i`` gets exactly what the ``i+1``-th call from now would
+        return for ``logits[i : i + 1]``. Returns shape ``(n,)``. Follow it with
+        :meth:`commit` to keep the first rows, before any other call.
+
+        Rows are sampled one by one with the same ``(1, vocab)`` shape as :meth:`__call__`
+        (a new shape would compile top-p again), and the per-row ops are microseconds next to
+        the forward pass that produced the block."""
+        samples = self._draw_ahead(logits)
+        if self.logprobs is not None:
+            self._ahead_logprobs = [
+                pending_logprobs(logits[i : i + 1], samples[i : i + 1], self.logprobs)
+                for i in range(int(logits.shape[0]))
+            ]
+        return samples
+
+    def _draw_ahead(self, logits: mx.array) -> mx.array:
+        rows = int(logits.shape[0])
+        if rows < 1:
+            raise ValueError("sample_ahead needs at least one row")
+        self._ahead_from = self._key
+        if self.greedy:  # greedy never splits the key (as __call__)
+            self._ahead = [self._key] * rows
+            return mx.argmax(logits, axis=-1)
+        key, keys, samples = self._key, [], []
+        for i in range(rows):
+            key, sub = mx.random.split(key)
+            keys.append(key)
+            samples.append(mx.random.categorical(self._scaled_logprobs(logits[i : i + 1]), key=sub))
+        self._ahead = keys
+        return mx.concatenate(samples)
+
+    def commit(self, n: int) -> None:
+        """Keep the first ``n`` rows of the last :meth:`sample_ahead`: the key advances as if
+        ``n`` tokens had been sampled one by one. Raises :class:`RuntimeError` when no
+        ``sample_ahead`` is pending or the key moved since, :class:`ValueError` for ``n``
+        outside ``[1, rows]``."""
+        if self._ahead_from is not self._key or not self._ahead:
+            raise RuntimeError("commit() needs a sample_ahead() with no other sampling since")
+        if not 1 <= n <= len(self._ahead):
+            raise ValueError(f"commit() takes 1 to {len(self._ahead)} rows, not {n}")
+        self._key = self._ahead[n - 1]
+        self._ahead, self._ahead_from = [], None
+        self._logprobs.extend(self._ahead_logprobs[:n])
+        self._ahead_logprobs = []

@@ -15,11 +15,12 @@ and a KV cache for those alone. On a rank after the first the token embedding is
 final norm is replaced by :class:`_Send` (the hidden state goes to rank ``r + 1``) and the head
 is dropped. The model's own ``__call__`` runs unchanged around them (masks, caches and any
 family quirks included), which is why a pipeline instance computes exactly what one process
-computes. The last rank computes the logits and samples; the token goes back to rank 0 (its
-right neighbour in the ring) for the next step. Embedding and head are computed only where
-they are needed. Verified for llama and qwen2 (tests compare logits and tokens with one
-process); a family whose model call transforms the embedding's output itself (gemma scales
-it) would apply that again on later ranks and needs checking before it is offered.
+computes. The last rank computes the logits and samples; the tokens (one per row of the decode
+batch) go back to rank 0 (its right neighbour in the ring) for the next step. Embedding and
+head are computed only where they are needed. Verified for llama and qwen2 (tests compare
+logits and tokens with one process); a family whose model call transforms the embedding's
+output itself (gemma scales it) would apply that again on later ranks and needs checking
+before it is offered.
 
 **Tensor** (:class:`TensorShard`). ``model.shard(group)``: every rank runs every layer on its
 slice of the heads and of the MLP, with an ``all_sum`` after each attention and MLP block. Rank
@@ -32,7 +33,7 @@ runs it under the collective watchdog; nothing here waits on a peer by itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,6 +44,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from skulk.models import ShardSlice, needed_tensors
+from skulk.runner._rows import sample_rows
 from skulk.runner._sampling import Sampler
 from skulk.wire.runner import SamplingParams, ShardSpec
 
@@ -171,8 +173,11 @@ class Shard:
         raise NotImplementedError
 
     def decode(
-        self, token: mx.array, cache: list[Any], sampler: Sampler | None
+        self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
     ) -> tuple[list[Any], mx.array | None]:
+        """One decode step of a batch: ``tokens`` ``(rows, 1)``, ``cache`` the batch's caches
+        (:mod:`skulk.runner._rows`), ``samplers`` one per row on the sampling rank. Rank 0
+        gets back the sampled ``(rows,)`` tokens."""
         raise NotImplementedError
 
 
@@ -198,20 +203,21 @@ class PipelineShard(Shard):
         return [out, *_states(cache)]
 
     def decode(
-        self, token: mx.array, cache: list[Any], sampler: Sampler | None
+        self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
     ) -> tuple[list[Any], mx.array | None]:
         if self.last:
-            assert sampler is not None
-            logits = self.model(token, cache=cache)[:, -1, :]
-            sampled = sampler(logits).astype(mx.int32).reshape(1)
+            assert samplers is not None
+            logits = self.model(tokens, cache=cache)[:, -1, :]
+            sampled = sample_rows(logits, samplers).astype(mx.int32).reshape(-1)
             sent = mx.distributed.send(sampled, 0, group=self.group)
             return [sent, *_states(cache)], None
-        out = self.model.model(token, cache=cache)
+        out = self.model.model(tokens, cache=cache)
         work = [out, *_states(cache)]
         if not self.first:
             return work, None
         _async_eval(work)  # before the receive: one stream, so the send goes out first
-        back = mx.distributed.recv((1,), mx.int32, self.spec.world - 1, group=self.group)
+        rows = tokens.shape[0]
+        back = mx.distributed.recv((rows,), mx.int32, self.spec.world - 1, group=self.group)
         return [back], back
 
 
@@ -227,13 +233,13 @@ class TensorShard(Shard):
         return [out, *_states(cache)]
 
     def decode(
-        self, token: mx.array, cache: list[Any], sampler: Sampler | None
+        self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
     ) -> tuple[list[Any], mx.array | None]:
-        if sampler is None:
-            out = self.model.model(token, cache=cache)
+        if samplers is None:
+            out = self.model.model(tokens, cache=cache)
             return [out, *_states(cache)], None
-        logits = self.model(token, cache=cache)[:, -1, :]
-        sampled = sampler(logits).astype(mx.int32).reshape(1)
+        logits = self.model(tokens, cache=cache)[:, -1, :]
+        sampled = sample_rows(logits, samplers).astype(mx.int32).reshape(-1)
         return [sampled, *_states(cache)], sampled
 
 

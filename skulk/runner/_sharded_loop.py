@@ -5,25 +5,31 @@ alone tokenizes and detokenizes. Every iteration of every rank begins with one f
 collective, the control block (:mod:`skulk.runner._lockstep`), which rank 0 broadcasts along
 the ring (rank ``r`` receives it from ``r - 1`` and passes it to ``r + 1``) and which tells
 the others what this step does: shut down, free slots, open a slot for a new request with its
-sampling parameters, and one operation for one slot — a prefill chunk of up to
-:data:`~skulk.runner._engine.PREFILL_STEP` prompt tokens, or a decode step of one token. Then
-every rank runs that operation (:mod:`skulk.runner._shard`): in a pipeline, rank 0 embeds and
-the last rank samples and sends the token back to rank 0; in tensor mode rank 0 samples. The
-token rank 0 learns goes into the next block, so every rank sees the same tokens. A prompt is
-prefilled in the same chunks as in one process (all but its last token, then a decode step on
-the last token yields the first new one), so a sharded instance computes what one process
-computes.
+sampling parameters, a prefill chunk of up to :data:`~skulk.runner._engine.PREFILL_STEP` prompt
+tokens for one slot, and a decode step for every slot in the decode batch (with the token each
+one feeds). Then every rank runs that work (:mod:`skulk.runner._shard`): in a pipeline, rank 0
+embeds and the last rank samples and sends the tokens back to rank 0; in tensor mode rank 0
+samples. The tokens rank 0 learns go into the next block, so every rank sees the same tokens.
+A prompt is prefilled in the same chunks as in one process (all but its last token; the last
+one is fed by the slot's first decode step, which yields its first new token).
 
-**Concurrent requests** are interleaved as the single-process loop does: each step serves the
-next open slot in turn (round robin), whether its next piece of work is a prefill chunk or a
-decode step, so a long prompt never stalls the other streams for more than one chunk. Each
-slot has its own KV cache (local layers only) and, on the sampling rank, its own sampler and
-random key, so a seeded request gives the same tokens whatever runs beside it. At most
-:data:`~skulk.runner._lockstep.MAX_SLOTS` requests are open at once; more wait for a slot.
+**Continuous batching.** Every rank keeps one decode batch of its own layers' KV caches
+(:mod:`skulk.runner._rows`: one row is a plain cache, more are mlx-lm batch caches), rows in
+the order they joined. A slot prefills into a cache of its own; the first block whose decode
+set names it joins that cache to the batch (slots joining in one block join in slot order),
+and a block that frees it drops its row. Every rank applies the same blocks, so every rank
+holds the same rows in the same order, and one decode step is one forward pass — one
+collective sequence along the ring — for all rows, whatever their number. Each step runs at
+most one prefill chunk (of the oldest prompt still prefilling) and then the batch's decode
+step, so a long prompt never stalls the running streams for more than one chunk. On the
+sampling rank each row has its own sampler and random key, so a seeded request gives the same
+tokens whatever runs beside it. At most :data:`~skulk.runner._lockstep.MAX_SLOTS` requests are
+open at once (one, for a model whose caches cannot be batched); more wait for a slot.
 
-**Cancel** frees the slot on every rank through the next block (rank 0 answers the node at
-once). **Shutdown** (or the node closing rank 0's link) is a block with the shutdown flag: every
-rank leaves; the others tell their node ``RunnerFailed(group_stopped)``.
+**Cancel** frees the slot on every rank through the next block, before its decode step (rank 0
+answers the node at once), so a cancelled row leaves the batch within one step. **Shutdown**
+(or the node closing rank 0's link) is a block with the shutdown flag: every rank leaves; the
+others tell their node ``RunnerFailed(group_stopped)``.
 
 **Idle.** A rank waiting inside a collective spins a CPU core (the ring backend polls its
 sockets), so when rank 0 has nothing to do it sends an idle block saying how long it will wait
@@ -46,20 +52,21 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 
+from skulk.runner._batch import batchable
 from skulk.runner._engine import PREFILL_STEP, Engine, RequestError, TokenOutput
 from skulk.runner._link import EOF, Link
 from skulk.runner._lockstep import (
     CONTROL_SIZE,
-    MAX_FREES,
     MAX_SLOTS,
+    Chunk,
     Control,
     LockstepError,
-    Op,
     Opening,
     decode,
     encode,
 )
 from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
+from skulk.runner._rows import drop_row, join_rows
 from skulk.runner._sampling import Sampler
 from skulk.runner._shard import Shard, TensorShard
 from skulk.runner._watchdog import CollectiveWatchdog, Note
@@ -98,7 +105,8 @@ class CollectiveError(Exception):
 
 @attrs.define
 class _Slot:
-    """Every rank's state of one open request."""
+    """Every rank's state of one open request; ``cache``: its own while it prefills (the batch
+    takes it over when the slot joins)."""
 
     cache: list[Any]
     sampler: Sampler | None
@@ -137,6 +145,9 @@ class Lockstep:
         self._faults = faults
         self.step = 0
         self.slots: dict[int, _Slot] = {}
+        self.rows: list[int] = []  # the slots in the decode batch, in row order
+        self._cache: list[Any] = []  # the batch's caches (see skulk.runner._rows)
+        self._rows_decoded = 0  # rows of the last decode step (the trace notes changes)
 
     # ---- every rank ------------------------------------------------------------------------
 
@@ -192,49 +203,77 @@ class Lockstep:
             note.detail = agreed.describe()
         return agreed
 
-    def _apply(self, control: Control, chunk: list[int] | None = None) -> int | None:
-        """Run ``control`` on this rank; rank 0 gives the prefill ``chunk`` and gets the
-        sampled token of a decode step."""
+    def _apply(self, control: Control, chunk: list[int] | None = None) -> dict[int, int]:
+        """Run ``control`` on this rank; rank 0 gives the prefill ``chunk`` and gets the token
+        sampled for each slot of the decode step."""
         for freed in control.frees:
+            if freed in self.rows:
+                i = self.rows.index(freed)
+                self._cache, _, _ = drop_row(self._cache, len(self.rows), i)
+                del self.rows[i]
             self.slots.pop(freed, None)
         if (o := control.opening) is not None:
             params = SamplingParams(
                 temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed
             )
             self.slots[o.slot] = _Slot(self._shard.new_cache(), self._shard.sampler(params))
-        op = control.op
-        if op is None:
-            return None
-        slot = self.slots.get(op.slot)
-        if slot is None:
-            raise CollectiveError(f"step {self.step}: {op.kind} for slot {op.slot}, not open")
-        if op.kind == "prefill":
-            self._prefill(op, slot, chunk)
-            return None
-        self._faults.hit("decode", slot.decodes)
-        with self._collective("forward(decode)"):
-            token = mx.array([[op.token]], dtype=mx.int32)
-            work, back = self._shard.decode(token, slot.cache, slot.sampler)
-            mx.eval(work)
-            sampled = int(cast(int, back.item())) if back is not None else None
-        slot.decodes += 1
-        return sampled
+        if (c := control.prefill) is not None:
+            if c.slot in self.rows:
+                raise CollectiveError(f"step {self.step}: prefill for slot {c.slot}, decoding")
+            self._prefill(c, self._open_slot(c.slot, "prefill"), chunk)
+        return self._decode(dict(control.batch)) if control.batch else {}
 
-    def _prefill(self, op: Op, slot: _Slot, chunk: list[int] | None) -> None:
+    def _open_slot(self, slot: int, what: str) -> _Slot:
+        found = self.slots.get(slot)
+        if found is None:
+            raise CollectiveError(f"step {self.step}: {what} for slot {slot}, not open")
+        return found
+
+    def _prefill(self, c: Chunk, slot: _Slot, chunk: list[int] | None) -> None:
         with self._collective("forward(prefill)"):
             if isinstance(self._shard, TensorShard):  # every rank embeds: share the tokens
                 buf = [0] * PREFILL_STEP
                 if chunk is not None:
                     buf[: len(chunk)] = chunk
                 mine = mx.array(buf, dtype=mx.int32)
-                tokens = mx.distributed.all_sum(mine, group=self._shard.group)[: op.n][None]
+                tokens = mx.distributed.all_sum(mine, group=self._shard.group)[: c.n][None]
             elif chunk is not None:
                 tokens = mx.array(chunk, dtype=mx.int32)[None]
             else:  # a later pipeline rank: only the shape matters, the hidden state comes in
-                tokens = mx.zeros((1, op.n), dtype=mx.int32)
+                tokens = mx.zeros((1, c.n), dtype=mx.int32)
             mx.eval(self._shard.prefill(tokens, slot.cache))
         slot.chunks += 1
         self._faults.hit("prefill", slot.chunks)
+
+    def _decode(self, feeds: dict[int, int]) -> dict[int, int]:
+        """One decode step of the batch: the slots of ``feeds`` not in it yet join (in slot
+        order), then one forward pass feeds each row its token."""
+        for s in sorted(feeds):
+            if s not in self.rows:
+                slot = self._open_slot(s, "decode")
+                self._cache = join_rows(self._cache, len(self.rows), slot.cache)
+                slot.cache = []
+                self.rows.append(s)
+        if len(self.rows) != len(feeds):
+            raise CollectiveError(
+                f"step {self.step}: decode for slots {sorted(feeds)}, the batch holds "
+                f"{sorted(self.rows)}"
+            )
+        slots = [self.slots[s] for s in self.rows]
+        for slot in slots:
+            self._faults.hit("decode", slot.decodes)
+        samplers = [s.sampler for s in slots if s.sampler is not None] or None
+        with self._collective("forward(decode)") as note:
+            if len(slots) != self._rows_decoded:
+                note.detail = f"rows {len(slots)}"
+            tokens = mx.array([[feeds[s]] for s in self.rows], dtype=mx.int32)
+            work, back = self._shard.decode(tokens, self._cache, samplers)
+            mx.eval(work)
+            sampled = None if back is None else cast(list[int], back.tolist())
+        self._rows_decoded = len(slots)
+        for slot in slots:
+            slot.decodes += 1
+        return {} if sampled is None else dict(zip(self.rows, sampled, strict=True))
 
     # ---- ranks > 0 --------------------------------------------------------------------------
 
@@ -274,7 +313,8 @@ class Lockstep:
 
     def _lead(self) -> int:
         assert self._engine is not None
-        leader = _Leader(self._link, self._engine, self._faults)
+        most = MAX_SLOTS if batchable(self._shard.new_cache()) else 1
+        leader = _Leader(self._link, self._engine, self._faults, most)
         leader.warm_up()
         wait = 0.0
         idle_ms = IDLE_MIN_MS
@@ -294,31 +334,32 @@ class Lockstep:
             else:
                 wait, idle_ms = 0.0, IDLE_MIN_MS
             control = self._exchange(control)
-            token = self._apply(control, chunk)
+            sampled = self._apply(control, chunk)
             leader.applied(control)
             if control.shutdown:
                 return 0
             if control.warmed:
                 self._link.send(WarmedUp())
-            if control.op is not None:
-                leader.advance(control.op, token)
+            leader.advance(sampled)
             self._link.beat()
             self.step += 1
 
 
 class _Leader:
     """Rank 0's bookkeeping: requests from the node, slots, what each step does, and the
-    frames that go back to the node."""
+    frames that go back to the node. At most ``most`` slots are open at once."""
 
-    def __init__(self, link: Link, engine: Engine, faults: Faults) -> None:
+    def __init__(self, link: Link, engine: Engine, faults: Faults, most: int) -> None:
         self._link = link
         self._engine = engine
         self._faults = faults
+        self._most = most
         self._preparer = PromptPreparer(engine.tokenize, link.inbox)
         self.waiting: dict[str, int] = {}  # request id → tokenizer job
         self._queue: deque[_Request] = deque()
         self._open: dict[int, _Request] = {}
-        self._turns: deque[int] = deque()  # open slots, in serving order
+        self._prefilling: deque[int] = deque()  # open slots still prefilling, oldest first
+        self._decoding: set[int] = set()  # open slots in the decode batch
         self._free = set(range(MAX_SLOTS))
         self._to_free: deque[int] = deque()  # slots to free in a coming block
         self._warming = 0
@@ -349,55 +390,67 @@ class _Leader:
             self.protocol_error = True
 
     def compose(self, step: int) -> tuple[Control, list[int] | None]:
-        """This step's control block, and the prompt chunk a prefill step feeds."""
-        frees = tuple(self._to_free.popleft() for _ in range(min(MAX_FREES, len(self._to_free))))
+        """This step's control block, and the prompt chunk its prefill feeds."""
+        frees = tuple(self._to_free)
+        self._to_free.clear()
         opening = None
-        if self._queue and self._free:
+        if self._queue and self._free and len(self._open) < self._most:
             req = self._queue.popleft()
             slot = min(self._free)
             self._free.discard(slot)
             self._open[slot] = req
-            self._turns.append(slot)
+            self._prefilling.append(slot)
             p = req.params
             seed = p.seed if p.seed is not None else int.from_bytes(os.urandom(8), "little")
             opening = Opening(slot, p.temperature, p.top_p, p.top_k, seed)
-        op, chunk = None, None
-        if self._turns:
-            slot = self._turns[0]
-            self._turns.rotate(-1)
+        prefill, chunk = None, None
+        while self._prefilling and prefill is None:
+            slot = self._prefilling[0]
             req = self._open[slot]
-            left = len(req.tokens) - 1 - req.fed
-            if left > 0:
-                n = min(PREFILL_STEP, left)
-                op, chunk = Op("prefill", slot, n), req.tokens[req.fed : req.fed + n]
-            else:
-                token = req.tokens[-1] if req.last is None else req.last
-                op = Op("decode", slot, 1, token)
+            n = min(PREFILL_STEP, len(req.tokens) - 1 - req.fed)
+            if n > 0:
+                prefill, chunk = Chunk(slot, n), req.tokens[req.fed : req.fed + n]
+                req.fed += n
+            if req.fed == len(req.tokens) - 1:  # its last prompt token is fed by a decode step
+                self._prefilling.popleft()
+                self._decoding.add(slot)
+        batch = tuple((slot, self._feed(self._open[slot])) for slot in self._decoding)
         warmed, self._warmed_due = self._warmed_due, False
         control = Control(
-            step, shutdown=self._stopping, warmed=warmed, frees=frees, opening=opening, op=op
+            step,
+            shutdown=self._stopping,
+            warmed=warmed,
+            frees=frees,
+            opening=opening,
+            prefill=prefill,
+            batch=batch,
         )
         return control, chunk
+
+    @staticmethod
+    def _feed(req: _Request) -> int:
+        """The token ``req``'s next decode step feeds: its last prompt token, then the last
+        one sampled."""
+        return req.tokens[-1] if req.last is None else req.last
 
     def applied(self, control: Control) -> None:
         """Every rank has freed ``control.frees``: the slots may be opened again."""
         self._free.update(control.frees)
 
-    def advance(self, op: Op, token: int | None) -> None:
-        """Account for the step's operation; a decode step's ``token`` goes out."""
-        req = self._open.get(op.slot)
-        if req is None:
-            return
-        if op.kind == "prefill":
-            req.fed += op.n
-            return
-        assert token is not None
+    def advance(self, sampled: dict[int, int]) -> None:
+        """Hand out the token sampled for each slot of the step's decode batch."""
+        for slot, token in sampled.items():
+            req = self._open.get(slot)
+            if req is not None:
+                self._emit(slot, req, token)
+
+    def _emit(self, slot: int, req: _Request, token: int) -> None:
         req.last = token
         try:
             step = req.out.feed(token)
         except Exception as exc:
             log_failure("emitting a token failed", exc)
-            self._close(op.slot)
+            self._close(slot)
             if req.request_id is None:
                 self._finished(req, "stop")  # the warm-up ran all the same
             else:
@@ -406,7 +459,7 @@ class _Leader:
         if req.request_id is not None and (step.token_ids or step.text):
             self._link.send(TokenChunk(req.request_id, step.token_ids, step.text))
         if step.finish_reason is not None:
-            self._close(op.slot)
+            self._close(slot)
             self._finished(req, step.finish_reason)
 
     # ---- requests ---------------------------------------------------------------------------
@@ -421,6 +474,13 @@ class _Leader:
         except RequestError as exc:
             self._fail(rid, exc.reason, exc.message)
             return
+        if req.params.logprobs is not None:  # the sampling rank is not always rank 0
+            self._fail(rid, "unsupported", "logprobs are not supported on sharded instances")
+            return
+        if req.params.json_schema is not None:  # the lockstep loop has no per-slot grammar
+            what = "forced tool calls" if req.params.tool_call else "structured output"
+            self._fail(rid, "unsupported", f"{what} are not supported on sharded instances")
+            return
         self.waiting[rid] = self._preparer.submit(req)
 
     def _prepared(self, prepared: Prepared) -> None:
@@ -431,6 +491,7 @@ class _Leader:
         if prepared.failure is not None:
             self._fail(req.request_id, *prepared.failure)
             return
+        assert isinstance(req, Generate)  # the only job submitted here
         self._enqueue(req.request_id, list(prepared.tokens), req.params)
 
     def _enqueue(self, rid: str | None, tokens: list[int], params: SamplingParams) -> None:
@@ -464,7 +525,9 @@ class _Leader:
     def _close(self, slot: int) -> None:
         """Stop serving ``slot``; it is freed on every rank by the next block."""
         self._open.pop(slot, None)
-        self._turns.remove(slot)
+        if slot in self._prefilling:
+            self._prefilling.remove(slot)
+        self._decoding.discard(slot)
         self._to_free.append(slot)
 
     def _finished(self, req: _Request, reason: FinishReason) -> None:
@@ -473,7 +536,7 @@ class _Leader:
             self._warmed_due = self._warming == 0
             return
         usage = Usage(req.out.prompt_tokens, req.out.completion_tokens)
-        self._link.send(Finished(req.request_id, reason, usage))
+        self._link.send(Finished(req.request_id, reason, usage, req.out.stop_sequence))
 
     def _fail(self, rid: str, reason: str, message: str) -> None:
         self._link.send(RequestFailed(rid, reason, shorten(message)))

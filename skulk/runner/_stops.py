@@ -16,12 +16,14 @@ class StopMatcher:
     string to complete** (the one whose last character comes earliest), and the output is cut
     at that stop string's start. When several complete on the same character, the longest
     (the one starting earliest) is cut. So with stops ``("c", "DcD")``, ``"DDcD"`` gives
-    ``"DD"`` however it arrives: ``"c"`` completes before ``"DcD"``.
+    ``"DD"`` however it arrives: ``"c"`` completes before ``"DcD"``. :attr:`matched` is then
+    the stop string that cut it (Anthropic's ``stop_sequence``).
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None
 
     def feed(self, delta: str) -> tuple[str, bool]:
         if not self._stops:
@@ -29,10 +31,10 @@ class StopMatcher:
         buf = self._held + delta
         # The held text holds no complete stop string (it would have stopped already), so the
         # first occurrence of each stop in ``buf`` is the earliest it can complete.
-        hits = [(i + len(s), i) for s in self._stops if (i := buf.find(s)) >= 0]
+        hits = [(i + len(s), i, s) for s in self._stops if (i := buf.find(s)) >= 0]
         if hits:
             self._held = ""
-            _end, start = min(hits)
+            _end, start, self.matched = min(hits)
             return buf[:start], True
         keep = self._longest_partial_suffix(buf)
         self._held = buf[len(buf) - keep :]

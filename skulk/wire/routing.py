@@ -14,6 +14,11 @@ calling node is the link's authenticated peer, so the request does not name it. 
    the stream's end chunk.
 
 The caller stops the stream (data-stream stop) to cancel the generation.
+
+Requests with one answer and no stream — counting a prompt's tokens (:class:`RouteTokenize`),
+embedding inputs (:class:`RouteEmbed`) — go in rpc ``route.ask``, whose answer is one
+:data:`RouteAnswer` (the serving node's admission bound applies as for a generation; the
+rpc's deadline bounds the whole request).
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ class RouteHeader:
 
 @attrs.frozen
 class RouteDelta:
-    """Generated text, in order (one or more of the runner's deltas, merged)."""
+    """Generated text, in order (one or more of the runner's deltas, merged); ``logprobs``:
+    the log-probabilities of the tokens that produced it, when the request asked for them."""
 
     text: str
+    logprobs: tuple[_runner.TokenLogprob, ...] = ()
 
 
 @attrs.frozen
@@ -55,10 +62,12 @@ class RouteKeepalive:
 
 @attrs.frozen
 class RouteEnd:
-    """The generation finished: the end of the stream."""
+    """The generation finished: the end of the stream. ``stop_sequence``: the stop string
+    that ended it, if one did."""
 
     finish_reason: _runner.FinishReason
     usage: _runner.Usage
+    stop_sequence: str | None = None
 
 
 @attrs.frozen
@@ -79,3 +88,44 @@ class RouteNotReady:
 
 
 RouteItem = RouteHeader | RouteDelta | RouteKeepalive | RouteEnd | RouteFailed | RouteNotReady
+
+
+# ---- one-answer requests: rpc route.ask ------------------------------------------------------
+
+
+@attrs.frozen
+class RouteTokenize:
+    """Count ``prompt``'s tokens on ``instance`` (rpc ``route.ask``, answered in the rpc)."""
+
+    request_id: str
+    instance: str
+    prompt: _runner.Prompt
+
+
+@attrs.frozen
+class RouteEmbed:
+    """Embed ``inputs`` on ``instance`` (rpc ``route.ask``, answered in the rpc)."""
+
+    request_id: str
+    instance: str
+    inputs: tuple[_runner.EmbedInput, ...]
+    truncate: bool = False
+
+
+@attrs.frozen
+class RouteCounted:
+    """The answer to :class:`RouteTokenize`."""
+
+    prompt_tokens: int
+
+
+@attrs.frozen
+class RouteEmbedded:
+    """The answer to :class:`RouteEmbed`: one vector per input, in order."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
+
+
+RouteAsk = RouteTokenize | RouteEmbed
+RouteAnswer = RouteCounted | RouteEmbedded | RouteFailed | RouteNotReady

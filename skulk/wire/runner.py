@@ -1,8 +1,10 @@
 """Frames spoken between a node and its runner subprocess over a socketpair.
 
-Parent → runner: :class:`Load`, :class:`Generate`, :class:`Cancel`, :class:`Shutdown`.
+Parent → runner: :class:`Load`, :class:`Generate`, :class:`Tokenize`, :class:`Embed`,
+:class:`Cancel`, :class:`Shutdown`.
 Runner → parent: :class:`Hello`, :class:`LoadProgress`, :class:`Loaded`, :class:`WarmedUp`,
-:class:`TokenChunk`, :class:`Finished`, :class:`RequestFailed`, :class:`RunnerFailed`,
+:class:`TokenChunk`, :class:`Finished`, :class:`Tokenized`, :class:`Embedded`,
+:class:`RequestFailed`, :class:`RunnerFailed`,
 :class:`Heartbeat`, and for one rank of a sharded instance :class:`GroupJoining`,
 :class:`GroupJoined`, :class:`CollectiveTrace`, :class:`CollectiveTimeout`.
 
@@ -11,6 +13,8 @@ sends ``Load``; the runner answers ``LoadProgress`` frames then ``Loaded`` (or `
 runs a warm-up generation and sends ``WarmedUp``.
 After that the parent sends ``Generate`` frames (several may be active at once, keyed by
 ``request_id``); each active request ends with exactly one ``Finished`` or ``RequestFailed``.
+``Tokenize`` and ``Embed`` are requests too (same ids, same ``Cancel`` rule) whose one answer
+is ``Tokenized`` / ``Embedded`` instead of ``Finished`` (or ``RequestFailed``).
 Every ``Cancel`` is answered with exactly one ``Finished`` with ``finish_reason="cancelled"``: the
 end of an active request, or, for an id the runner does not know (the request ended while the
 Cancel was on its way), an acknowledgement with zero usage; the parent clears its cancel
@@ -34,7 +38,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -43,7 +47,14 @@ FinishReason = Literal["stop", "length", "cancelled"]
 class SamplingParams:
     """How to pick tokens. ``seed=None`` means random; ``max_tokens=None`` means up to the
     context limit; ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is
-    greedy. ``stop`` strings end generation and are never emitted."""
+    greedy. ``stop`` strings end generation and are never emitted.
+
+    ``json_schema`` (compact JSON text, at most 64 KiB, see :func:`skulk.grammar.schema_text`)
+    constrains the output to one JSON document valid for that schema (structured output);
+    with ``tool_call`` the document is a tool call (:func:`skulk.grammar.tool_call_schema`),
+    wrapped in the model's tool-call markers when its tokenizer has them. A runner that cannot
+    enforce it refuses the request (``invalid_request`` for a schema it refuses,
+    ``unsupported`` otherwise)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -51,19 +62,42 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    #: ``None``: no log-probabilities; ``0`` to :data:`MAX_TOP_LOGPROBS`: each emitted token's
+    #: log-probability and that many most likely alternatives (:class:`TokenLogprob`).
+    logprobs: int | None = None
+    json_schema: str | None = None
+    tool_call: bool = False
+
+
+@attrs.frozen
+class ToolCall:
+    """One call of a tool an assistant turn made: ``arguments`` is JSON text (an object)."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @attrs.frozen
 class ChatMessage:
+    """One turn. An ``assistant`` turn may carry the ``tool_calls`` it made; a ``tool`` turn
+    is the result (``content``) of the call ``tool_call_id``."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @attrs.frozen
 class ChatPrompt:
-    """Messages rendered by the model's chat template, with the generation prompt added."""
+    """Messages rendered by the model's chat template, with the generation prompt added.
+    ``tools``: the tools the model may call, as JSON text of an array of OpenAI-style
+    ``{"type": "function", "function": {"name", "description", "parameters"}}`` (what chat
+    templates take as ``tools``); ``None``: no tools."""
 
     messages: tuple[ChatMessage, ...]
+    tools: str | None = None
 
 
 @attrs.frozen
@@ -78,8 +112,12 @@ Prompt = ChatPrompt | TextPrompt
 
 @attrs.frozen
 class Usage:
+    """Tokens of one request; ``cached_tokens``: prompt tokens whose KV state the runner reused
+    from its prefix cache instead of computing them (included in ``prompt_tokens``)."""
+
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 # ---- parent → runner -------------------------------------------------------------------------
@@ -112,11 +150,25 @@ class ShardSpec:
 
 @attrs.frozen
 class Load:
-    """Load ``model_path``; ``shard`` set: as one rank of a sharded instance."""
+    """Load ``model_path``; ``shard`` set: as one rank of a sharded instance.
+
+    ``kv_cache_bytes``: the KV memory the runner may give to running requests (``None``: its
+    default, see ``skulk.runner._batch``); a request is admitted only while the KV bytes of
+    every admitted request (prompt plus its most new tokens) fit, others wait in a FIFO of at
+    most ``kv_waiting`` requests, beyond which a request fails ``kv_cache_full``.
+    ``prefix_cache_bytes``: the memory for KV state of token prefixes kept for reuse (``0``
+    disables the prefix cache; ``None``: the runner's default). ``speculative_tokens``: the
+    most tokens drafted per step by n-gram speculative decoding while one request runs alone
+    (``0`` disables it; ``None``: the runner's default).
+    """
 
     model_path: str
     model_id: str
     shard: ShardSpec | None = None
+    kv_cache_bytes: int | None = None
+    prefix_cache_bytes: int | None = None
+    kv_waiting: int = 64
+    speculative_tokens: int | None = None
 
 
 @attrs.frozen
@@ -124,6 +176,38 @@ class Generate:
     request_id: str
     prompt: Prompt
     params: SamplingParams
+
+
+@attrs.frozen
+class Tokenize:
+    """Count ``prompt``'s tokens: the runner renders and tokenizes it (on its preparation
+    thread, as for a ``Generate``) and answers one :class:`Tokenized` or ``RequestFailed``;
+    nothing is decoded and no KV memory is taken."""
+
+    request_id: str
+    prompt: Prompt
+
+
+@attrs.frozen
+class TokenIds:
+    """Text given as its token ids (an embedding input), used as they are."""
+
+    tokens: tuple[int, ...]
+
+
+EmbedInput = TextPrompt | TokenIds
+"""One text to embed: text (tokenized as is, like a completion prompt) or its token ids."""
+
+
+@attrs.frozen
+class Embed:
+    """Embed each of ``inputs``: answered by one :class:`Embedded` (a vector per input, in
+    order) or ``RequestFailed``. ``truncate``: an input longer than the context is cut to it
+    instead of failing ``prompt_too_long``. Refused (``unsupported``) by a sharded instance."""
+
+    request_id: str
+    inputs: tuple[EmbedInput, ...]
+    truncate: bool = False
 
 
 @attrs.frozen
@@ -163,21 +247,72 @@ class WarmedUp:
     """The warm-up generation ran; the runner takes ``Generate`` frames from now on."""
 
 
+#: The most alternatives per token ``SamplingParams.logprobs`` may ask for (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
+
+
+@attrs.frozen
+class TopLogprob:
+    """One candidate token: its id, its bytes (a token may hold part of a UTF-8 character)
+    and its log-probability (see :class:`TokenLogprob`)."""
+
+    token_id: int
+    token: bytes
+    logprob: float
+
+
+@attrs.frozen
+class TokenLogprob:
+    """An emitted token's log-probability and the ``SamplingParams.logprobs`` most likely
+    alternatives at its position, most likely first. Values are the log-softmax of the logits
+    the sampler was given (after any structured-output mask, before temperature, top-p and
+    top-k), floored at ``-9999.0`` so they stay finite."""
+
+    token_id: int
+    token: bytes
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
 @attrs.frozen
 class TokenChunk:
     """One decode step's output: the token ids and the text they add (may be empty while a
-    multi-byte character or a possible stop string is held back)."""
+    multi-byte character or a possible stop string is held back); ``logprobs``, when the
+    request asked for them, one entry per id in ``token_ids``."""
 
     request_id: str
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @attrs.frozen
 class Finished:
+    """A request ended; ``stop_sequence``: the stop string that ended it, when one did
+    (``finish_reason`` is then ``stop``)."""
+
     request_id: str
     finish_reason: FinishReason
     usage: Usage
+    stop_sequence: str | None = None
+
+
+@attrs.frozen
+class Tokenized:
+    """The answer to :class:`Tokenize`: the prompt is ``prompt_tokens`` tokens long."""
+
+    request_id: str
+    prompt_tokens: int
+
+
+@attrs.frozen
+class Embedded:
+    """The answer to :class:`Embed`: one vector per input, in order (each of the model's
+    hidden size, L2-normalised; see :mod:`skulk.runner._embed`), and the tokens embedded."""
+
+    request_id: str
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
 
 
 @attrs.frozen
@@ -254,7 +389,7 @@ class CollectiveTimeout:
     recent: tuple[CollectiveEntry, ...] = ()
 
 
-ToRunner = Load | Generate | Cancel | Shutdown
+ToRunner = Load | Generate | Tokenize | Embed | Cancel | Shutdown
 FromRunner = (
     Hello
     | LoadProgress
@@ -262,6 +397,8 @@ FromRunner = (
     | WarmedUp
     | TokenChunk
     | Finished
+    | Tokenized
+    | Embedded
     | RequestFailed
     | RunnerFailed
     | Heartbeat

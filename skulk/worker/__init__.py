@@ -3,6 +3,7 @@
 from skulk.worker._model_service import (
     CRASH_LOOP_COOLDOWN,
     RUNNER_RESTARTS,
+    Embedding,
     Generation,
     ModelService,
     ModelStatus,
@@ -10,16 +11,21 @@ from skulk.worker._model_service import (
     RequestFailure,
 )
 from skulk.worker._reconciler import Assignment, Reconciler, phase_of
+from skulk.worker._scored import ScoredText, join_scored, logprobs_of
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
     "RUNNER_RESTARTS",
     "Assignment",
+    "Embedding",
     "Generation",
     "ModelService",
     "ModelStatus",
     "ModelUnavailable",
     "Reconciler",
     "RequestFailure",
+    "ScoredText",
+    "join_scored",
+    "logprobs_of",
     "phase_of",
 ]

@@ -8,7 +8,8 @@ from collections.abc import AsyncGenerator
 import trio
 
 from skulk.runner import RequestEvent
-from skulk.wire.runner import Finished, RequestFailed, TokenChunk
+from skulk.wire.runner import Finished, RequestFailed, TokenChunk, TokenLogprob
+from skulk.worker._scored import ScoredText
 
 
 async def coalesce(
@@ -18,7 +19,8 @@ async def coalesce(
 
     The first text goes out at once; after that at most one delta per ``interval`` seconds,
     holding everything that arrived in between. Text waiting when the request ends is yielded
-    before the terminal event. Empty text (a held-back partial character) is never yielded.
+    before the terminal event. Empty text (a held-back partial character) is never yielded,
+    unless it carries log-probabilities (a :class:`ScoredText` holding the chunks' entries).
     One larger delta per interval costs the node and the client far less than one per token.
     """
     next_flush = -math.inf
@@ -26,16 +28,19 @@ async def coalesce(
         event: RequestEvent = first
         if isinstance(event, TokenChunk) and trio.current_time() < next_flush:
             await trio.sleep_until(next_flush)
-        text = []
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
         while isinstance(event, TokenChunk):
             text.append(event.text)
+            logprobs.extend(event.logprobs)
             try:
                 event = events.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        if joined := "".join(text):
+        joined = "".join(text)
+        if joined or logprobs:  # a token may add no text yet its entry must go out
             next_flush = trio.current_time() + interval
-            yield joined
-        if not isinstance(event, TokenChunk):
+            yield ScoredText(joined, logprobs) if logprobs else joined
+        if isinstance(event, (Finished, RequestFailed)):  # a generation's end (never Embedded)
             yield event
             return

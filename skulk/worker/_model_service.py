@@ -29,11 +29,16 @@ import trio
 from skulk.actors import Cooldown, CooldownPolicy, HalfOpenBreaker, RestartPolicy
 from skulk.runner import Runner, RunnerConfig, RunnerCrashed, RunnerError
 from skulk.wire.runner import (
+    Embed,
+    Embedded,
+    EmbedInput,
     FinishReason,
     Prompt,
     RequestFailed,
     SamplingParams,
     ShardSpec,
+    Tokenize,
+    Tokenized,
     Usage,
 )
 from skulk.worker._coalesce import coalesce
@@ -82,10 +87,24 @@ class ModelStatus:
 
 @attrs.frozen
 class Generation:
-    """How a finished generation ended."""
+    """How a finished generation ended; ``stop_sequence``: the stop string that ended it."""
 
     finish_reason: FinishReason
     usage: Usage
+    stop_sequence: str | None = None
+
+
+@attrs.frozen
+class Embedding:
+    """The vectors for a request's inputs, in order, and the tokens they took."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
+
+
+#: What :meth:`ModelService.count_tokens` asks of a sharded instance, which has no
+#: ``Tokenize``: one greedy token, whose usage says how long the prompt is.
+COUNT_BY_GENERATING = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 class ModelUnavailable(Exception):
@@ -293,7 +312,7 @@ class ModelService:
                     elif delta.finish_reason == "cancelled":  # cancelled by someone else
                         raise RequestFailure("cancelled", "the request was cancelled")
                     else:
-                        yield Generation(delta.finish_reason, delta.usage)
+                        yield Generation(delta.finish_reason, delta.usage, delta.stop_sequence)
                         return
         except RunnerError as exc:
             raise RequestFailure(exc.reason, exc.message) from exc
@@ -302,6 +321,43 @@ class ModelService:
         if failure is not None:
             raise RequestFailure(failure.reason, failure.message)
         raise RequestFailure("runner_stopped", "the runner was stopped")
+
+    async def count_tokens(self, prompt: Prompt) -> int:
+        """How many tokens ``prompt`` is for this model (rendered and tokenized on the runner,
+        nothing decoded). Raises as :meth:`generate` does."""
+        if self.shard is not None:  # no Tokenize on a sharded instance: generate one token
+            async with aclosing(self.generate(prompt, COUNT_BY_GENERATING)) as items:
+                async for item in items:
+                    if isinstance(item, Generation):
+                        return item.usage.prompt_tokens
+            raise RequestFailure("runner_stopped", "the count ended without a result")
+        answer = await self._ask(Tokenize(uuid.uuid4().hex, prompt))
+        assert isinstance(answer, Tokenized)
+        return answer.prompt_tokens
+
+    async def embed(self, inputs: tuple[EmbedInput, ...], truncate: bool = False) -> Embedding:
+        """One vector per input (see :mod:`skulk.runner._embed`). Raises as :meth:`generate`
+        does; a sharded instance refuses with ``RequestFailure("unsupported")``."""
+        answer = await self._ask(Embed(uuid.uuid4().hex, inputs, truncate))
+        assert isinstance(answer, Embedded)
+        return Embedding(answer.vectors, answer.prompt_tokens)
+
+    async def _ask(self, frame: Tokenize | Embed) -> Tokenized | Embedded:
+        runner = self._runner
+        if runner is None or not self._status.ready:
+            raise ModelUnavailable(self._status)
+        try:
+            answer = await runner.ask(frame)
+        except RunnerError as exc:
+            raise RequestFailure(exc.reason, exc.message) from exc
+        if isinstance(answer, RequestFailed):
+            raise RequestFailure(answer.reason, answer.message)
+        if answer is None:
+            failure = runner.failure
+            if failure is not None:
+                raise RequestFailure(failure.reason, failure.message)
+            raise RequestFailure("runner_stopped", "the runner was stopped")
+        return answer
 
     def _follow(self, runner: Runner) -> None:
         """Mirror a starting runner's progress in the model's status."""

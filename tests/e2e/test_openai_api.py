@@ -132,7 +132,7 @@ def test_stop_string_is_not_emitted(server: NodeProcess) -> None:
     [
         ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
         ({"model": MODEL}, 400, "messages"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 9}, 400, "n"),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
             400,
@@ -142,10 +142,10 @@ def test_stop_string_is_not_emitted(server: NodeProcess) -> None:
             {
                 "model": MODEL,
                 "messages": [{"role": "user", "content": "x"}],
-                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tools": [{"type": "function", "function": {"name": "f g"}}],
             },
             400,
-            "tools",
+            "tools[0].function.name",
         ),
         ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ],
@@ -188,7 +188,7 @@ def test_openai_client_sees_errors(server: NodeProcess) -> None:
         )
     with pytest.raises(openai.BadRequestError):
         client(server).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], n=3
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], n=9
         )
 
 

@@ -54,6 +54,7 @@ def main(argv: list[str]) -> int:
     group = join_group(spec)
     shard = load_shard(model, config, spec, group, lambda n, total: None)
     recorder = Recorder() if shard.sampling else None
+    samplers = None if recorder is None else [recorder]  # a batch of one row
     cache = shard.new_cache()
     prompt, forced = tokens[: -PROBE_STEPS - 1], tokens[-PROBE_STEPS - 1 :]
     while len(prompt) > 1:
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
         mx.eval(shard.prefill(chunk, cache))
         prompt = prompt[n:]
     for token in [prompt[0], *forced[:-1]]:
-        work, _ = shard.decode(mx.array([[token]], dtype=mx.int32), cache, recorder)  # type: ignore[arg-type]
+        work, _ = shard.decode(mx.array([[token]], dtype=mx.int32), cache, samplers)  # type: ignore[arg-type]
         mx.eval(work)
     if recorder is not None:
         rows = mx.concatenate(recorder.rows, axis=0).astype(mx.float32)

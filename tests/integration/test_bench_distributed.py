@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 TINY = ("--tiny", "--rounds", "1", "--max-tokens", "12", "--transfer-mib", "1",
-        "--transfer-rounds", "1")  # fmt: skip
+        "--transfer-rounds", "1", "--concurrency", "1,2")  # fmt: skip
 SUBJECTS = {"pipeline-2": 2, "pipeline-3": 3, "tensor-2": 2}
 
 
@@ -48,6 +48,10 @@ def test_distributed_bench_measures_every_sharding() -> None:
     assert result["subjects"]["pipeline-2"]["hops"] == 2
     assert result["subjects"]["pipeline-3"]["hops"] == 3
     assert result["subjects"]["tensor-2"]["all_sums_per_token"] == 8
+    concurrent = result["concurrent"]  # pipeline-2's aggregate tokens/s by concurrency
+    assert set(concurrent["tokens_per_s"]) == set(concurrent["ratio"]) == {"1", "2"}
+    assert all(map(positive, concurrent["tokens_per_s"].values()))
+    assert concurrent["ratio"]["1"] == 1.0 and len(concurrent["by_round"]["2"]) == 1
     transfer = result["transfer"]
     for key in ("fetch_mb_s", "copy_mb_s", "fetch_vs_copy", "fetch_vs_copy_fsync"):
         assert positive(transfer[key]), key

@@ -23,6 +23,7 @@ from skulk.federation import (
     StreamStopped,
 )
 from skulk.routing import (
+    ASK_METHOD,
     ROUTE_METHOD,
     Admission,
     NodeUnreachable,
@@ -130,7 +131,7 @@ async def pair(
 
     def node(node_id: str, join: list[str], rpc: Callable[[str, bytes], Any] | None) -> Mesh:
         async def default_rpc(method: str, body: bytes) -> bytes:
-            assert method == ROUTE_METHOD
+            assert method in (ROUTE_METHOD, ASK_METHOD)
             return await routings[node_id].handle_rpc(method, body)
 
         async def streams(peer: str, receiver: DataReceiver) -> None:

@@ -73,7 +73,8 @@ async def fails_with(runner: Runner, error: type[RunnerError]) -> RunnerError:
 
 
 def make(model_dir: Path, faults: str = "", **deadlines: float) -> Runner:
-    return Runner("skulk-demo", str(model_dir), attrs.evolve(FAST, faults=faults, **deadlines))
+    config = attrs.evolve(FAST, faults=faults, **deadlines)  # type: ignore[arg-type]
+    return Runner("skulk-demo", str(model_dir), config)
 
 
 async def test_lifecycle_follows_the_transition_table(model_dir: Path) -> None:
@@ -248,15 +249,17 @@ async def test_a_stalled_consumer_is_dropped_not_the_runner(
         async with trio.open_nursery() as nursery:
             await nursery.start(runner.run)
             async with runner.open_request("stalled", TextPrompt("hi"), LONG) as stalled:
-                # Never read "stalled" while another request runs to completion.
-                params = SamplingParams(temperature=0, max_tokens=40)
+                # Never read "stalled" while another request runs to completion. "other" is
+                # short enough that its whole output fits the buffer even when the batched
+                # runner's chunks arrive in one read, before its reader gets to run.
+                params = SamplingParams(temperature=0, max_tokens=8)
                 async with runner.open_request("other", TextPrompt("yo"), params) as other:
                     other_events = [e async for e in other]
                 await until(lambda: runner.statistics().cancelled == 1)
                 events = [e async for e in stalled]
             nursery.cancel_scope.cancel()
     assert isinstance(other_events[-1], Finished)
-    assert other_events[-1].usage.completion_tokens == 40
+    assert other_events[-1].usage.completion_tokens == 8
     assert len(events) == 9 and all(isinstance(e, TokenChunk) for e in events[:8])
     assert isinstance(events[-1], RequestFailed) and events[-1].reason == "client_too_slow"
     assert runner.failure is None  # the runner was never declared wedged

@@ -105,15 +105,21 @@ def reference(model_dir: Path, prompt: Prompt, params: SamplingParams) -> list[i
 
 
 async def generate(
-    runner: Runner, rid: str, prompt: Prompt, params: SamplingParams
+    runner: Runner,
+    rid: str,
+    prompt: Prompt,
+    params: SamplingParams,
+    started: trio.Event | None = None,
 ) -> tuple[list[int], object]:
-    """The request's tokens and its last event."""
+    """The request's tokens and its last event (``started`` is set at its first tokens)."""
     tokens: list[int] = []
     last: object = None
     async with runner.open_request(rid, prompt, params) as events:
         async for event in events:
             if isinstance(event, TokenChunk):
                 tokens += event.token_ids
+                if started is not None:
+                    started.set()
             last = event
     return tokens, last
 
@@ -210,6 +216,72 @@ async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path
     assert [r.statistics().exit_code for r in group.runners] == [0, 0]
 
 
+@pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
+async def test_concurrent_requests_share_each_decode_step(
+    models: dict[str, Path], sharding: str
+) -> None:
+    """Continuous batching in lockstep: seeded requests of different lengths join a running
+    request's decode batch (one of them after a prompt longer than a prefill chunk, prefilled
+    between batched decode steps), and each gives what one process gives alone; a request
+    cancelled inside the batch leaves it while the others go on. Rank 1 traces one
+    ``forward(decode)`` collective per step, for several rows at once.
+
+    Rank 1 runs every decode step of every row 10 ms slow (a fault), so the first request is
+    still decoding when the others arrive (it needs 64 steps: at least 0.6 s)."""
+    model = models["llama"]
+    specs = shard_specs(sharding, loopback_hosts(2), LAYERS)  # type: ignore[arg-type]
+    long_prompt = TextPrompt(" ".join(f"w{i}" for i in range(300)))  # > one prefill chunk
+    first = ("a", PROMPTS[0], attrs.evolve(SAMPLED, seed=21, max_tokens=64))
+    joining = [
+        ("b", PROMPTS[1], attrs.evolve(GREEDY, max_tokens=24)),
+        ("c", long_prompt, attrs.evolve(SAMPLED, seed=22, max_tokens=12)),
+        ("d", PROMPTS[1], attrs.evolve(SAMPLED, seed=23, max_tokens=40)),
+    ]
+    long = SamplingParams(temperature=1.0, seed=24, max_tokens=1500)
+    with trio.fail_after(180):
+        async with open_local_group(
+            "llama", str(model), specs, CONFIG, faults={1: "slow@decode:0.01"}
+        ) as group:
+            rank0, rank1 = group.runners
+            results: dict[str, list[int]] = {}
+            started = trio.Event()
+
+            async def one(rid: str, prompt: Prompt, params: SamplingParams) -> None:
+                tokens, last = await generate(rank0, rid, prompt, params, started)
+                assert isinstance(last, Finished), (rid, last)
+                results[rid] = tokens
+
+            async def cancelled_inside() -> None:
+                async with rank0.open_request("x", PROMPTS[0], long) as events:
+                    for _ in range(3):
+                        assert isinstance(await events.receive(), TokenChunk)
+                # Leaving early cancels it: its row leaves the batch, the others go on.
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, *first)
+                await started.wait()
+                for request in joining:
+                    nursery.start_soon(one, *request)
+                nursery.start_soon(cancelled_inside)
+            for rid, prompt, params in (first, *joining):
+                want = reference(model, prompt, params)
+                assert len(want) >= 8
+                assert results[rid] == want, (rid, sharding)
+            assert rank0.statistics().cancelled == 1
+            await until_traced(rank1, "free", first_at(rank0, "request.cancel"))
+            # A step's decode is one forward pass along the ring, whatever the batch's rows:
+            # rank 1 notes the row count when it changes.
+            while max(batched_rows(rank1), default=0) < 3:  # noqa: ASYNC110 - see until_traced
+                await trio.sleep(0.02)
+            steps = [
+                e.detail.split()[2]
+                for e in rank1.flight_events()
+                if e.kind == "collective" and e.detail.startswith("forward(decode) step ")
+            ]
+            assert len(steps) == len(set(steps)) > 0
+    assert all(r.failure is None for r in group.runners)
+
+
 @pytest.mark.parametrize("busy", [True, False], ids=["mid-decode", "idle"])
 async def test_sigstop_of_a_rank_fails_the_group_within_its_deadlines(
     models: dict[str, Path], busy: bool
@@ -277,6 +349,15 @@ async def test_sigkill_of_a_rank_mid_prefill_ends_the_others(models: dict[str, P
         assert isinstance(runner.failure, CollectiveFailed), runner.failure
         assert not runner.failure.retryable
         assert "connection to a peer was lost" in runner.failure.message
+
+
+def batched_rows(runner: Runner) -> list[int]:
+    """The batch sizes ``runner`` traced at its decode steps (noted when the size changes)."""
+    return [
+        int(e.detail.rsplit("rows ", 1)[1])
+        for e in runner.flight_events()
+        if e.kind == "collective" and e.detail.startswith("forward(decode)") and "rows" in e.detail
+    ]
 
 
 def first_at(runner: Runner, kind: str) -> float:

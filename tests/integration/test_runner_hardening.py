@@ -50,10 +50,11 @@ from skulk.wire.runner import (
 
 STRICT = RunnerConfig(
     hello_timeout=30, load_timeout=60, warmup_timeout=30, progress_timeout=1, cancel_timeout=1,
-    shutdown_grace=1, heartbeat_interval=0.1,
+    shutdown_grace=1, heartbeat_interval=0.1, speculative_tokens=0,
 )  # fmt: skip
 #: The concurrent stream: slowed so it is surely still running while the hostile request is
-#: handled (``slow@decode`` sleeps in each decode step, well inside the progress deadline).
+#: handled (``slow@decode`` sleeps in each decode step, well inside the progress deadline;
+#: without speculation, which would hand out several of the stream's tokens per step).
 STREAM_TOKENS = 60
 SLOW = "slow@decode:0.05"
 T = TypeVar("T")

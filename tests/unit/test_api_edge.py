@@ -110,7 +110,9 @@ class FakeNode:
         self.services = {"i1": service}
 
 
-def app_for(service: FakeService, admission: Admission | None = None) -> QuartTrio:
+def app_for(
+    service: FakeService, admission: Admission | None = None, api_keys: tuple[str, ...] = ()
+) -> QuartTrio:
     node = FakeNode(service)
     router = Router(
         "n1",
@@ -120,7 +122,7 @@ def app_for(service: FakeService, admission: Admission | None = None) -> QuartTr
         None,  # type: ignore[arg-type]  # nothing is remote here
         admission or Admission(),
     )
-    return create_app(router, node)  # type: ignore[arg-type]
+    return create_app(router, node, api_keys=api_keys)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -352,8 +354,15 @@ async def test_a_stream_whose_body_is_never_sent_still_closes_its_generation(
     """The client goes away as the response starts: Quart never iterates the body, yet the
     generation (a runner request) is closed when the request ends."""
     fake.script = ["Hel", WAIT]
-    app = app_for(fake)
-    body = json.dumps({"model": MODEL, "messages": USER, "stream": True}).encode()
+    await leave_as_the_response_starts(app_for(fake), {"model": MODEL, "messages": USER})
+    assert fake.started == 1 and fake.closed == 1
+
+
+async def leave_as_the_response_starts(app: Any, body: dict[str, object]) -> None:
+    """Stream ``body`` from ``/v1/chat/completions`` in a plain ASGI call whose client goes
+    away as the response starts (so Quart never iterates the body); returns when the request
+    has ended."""
+    raw = json.dumps({**body, "stream": True}).encode()
     scope = {
         "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
@@ -361,7 +370,7 @@ async def test_a_stream_whose_body_is_never_sent_still_closes_its_generation(
         "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"application/json")],
         "extensions": {},
     }  # fmt: skip
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    messages = [{"type": "http.request", "body": raw, "more_body": False}]
     gone = trio.Event()
 
     async def receive() -> dict[str, Any]:
@@ -377,7 +386,6 @@ async def test_a_stream_whose_body_is_never_sent_still_closes_its_generation(
 
     with trio.fail_after(10):
         await app(scope, receive, send)
-    assert fake.started == 1 and fake.closed == 1
 
 
 # ---- models ----------------------------------------------------------------------------------

@@ -271,7 +271,6 @@ def test_chat_no_op_and_informational_values_are_accepted(field: str, value: obj
         ("presence_penalty", 0),
         ("frequency_penalty", 0.0),
         ("logit_bias", {}),
-        ("logprobs", 0),
         ("logprobs", None),
         ("echo", False),
         ("echo", None),
@@ -340,7 +339,8 @@ CHAT_REJECTIONS: list[tuple[dict[str, object], str, str]] = [
     (msg(content="x"), "messages[0].role", MISSING),
     (msg(role=5, content="x"), "messages[0].role", TYPE),
     (msg(role="robot", content="x"), "messages[0].role", VALUE),
-    (msg(role="tool", content="x", tool_call_id="c1"), "messages[0].role", UNSUPPORTED),
+    (msg(role="function", content="x", name="f"), "messages[0].role", UNSUPPORTED),
+    (msg(role="tool", content="x"), "messages[0].tool_call_id", MISSING),
     (msg(role="function", content="x", name="f"), "messages[0].role", UNSUPPORTED),
     (msg(role="user"), "messages[0].content", MISSING),
     (msg(role="system", content=None), "messages[0].content", MISSING),
@@ -374,9 +374,9 @@ CHAT_REJECTIONS: list[tuple[dict[str, object], str, str]] = [
     (msg(role="user", content="x", tool_calls=[]), "messages[0].tool_calls", UNKNOWN),
     (msg(role="user", content="x", name=5), "messages[0].name", TYPE),
     (
-        msg(role="assistant", content=None, tool_calls=[TOOL_CALL]),
-        "messages[0].tool_calls",
-        UNSUPPORTED,
+        msg(role="assistant", content=None, tool_calls=[{**TOOL_CALL, "id": 1}]),
+        "messages[0].tool_calls[0].id",
+        TYPE,
     ),
     (msg(role="assistant", content="x", tool_calls={}), "messages[0].tool_calls", TYPE),
     (
@@ -450,8 +450,8 @@ CHAT_REJECTIONS: list[tuple[dict[str, object], str, str]] = [
         UNSUPPORTED,
     ),
     # fields we cannot honour: only their no-op value is accepted
-    (chat(n=2), "n", UNSUPPORTED),
-    (chat(n=0), "n", UNSUPPORTED),
+    (chat(n=9), "n", VALUE),  # n is honoured up to MAX_CHOICES (8)
+    (chat(n=0), "n", VALUE),
     (chat(n=1.0), "n", TYPE),
     (chat(n="1"), "n", TYPE),
     (chat(presence_penalty=0.5), "presence_penalty", UNSUPPORTED),
@@ -460,24 +460,38 @@ CHAT_REJECTIONS: list[tuple[dict[str, object], str, str]] = [
     (chat(frequency_penalty="0"), "frequency_penalty", TYPE),
     (chat(logit_bias={"50256": -100}), "logit_bias", UNSUPPORTED),
     (chat(logit_bias=[]), "logit_bias", TYPE),
-    (chat(logprobs=True), "logprobs", UNSUPPORTED),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs", VALUE),
     (chat(logprobs=1), "logprobs", TYPE),
-    (chat(top_logprobs=3), "top_logprobs", UNSUPPORTED),
+    (chat(top_logprobs=3), "top_logprobs", VALUE),  # needs logprobs: true
     (chat(top_logprobs=False), "top_logprobs", TYPE),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", UNSUPPORTED),
+    (chat(tools=[{"type": "code_interpreter"}]), "tools[0].type", UNSUPPORTED),
     (chat(tools={}), "tools", TYPE),
-    (chat(tool_choice="auto"), "tool_choice", UNSUPPORTED),
-    (chat(tool_choice="required"), "tool_choice", UNSUPPORTED),
-    (chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice", UNSUPPORTED),
+    (chat(tool_choice="sometimes"), "tool_choice", "invalid_value"),
+    (chat(tool_choice="required"), "tool_choice", "invalid_value"),
+    (
+        chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+        "tool_choice.function.name",
+        "invalid_value",
+    ),
     (chat(tool_choice=1), "tool_choice", TYPE),
     (chat(functions=[{"name": "f"}]), "functions", UNSUPPORTED),
     (chat(function_call="auto"), "function_call", UNSUPPORTED),
-    (chat(response_format={"type": "json_object"}), "response_format", UNSUPPORTED),
+    (
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "string", "not": {}}},
+            }
+        ),
+        "response_format.json_schema.schema",
+        "unsupported_schema",
+    ),
     (
         chat(response_format={"type": "json_schema", "json_schema": {}}),
-        "response_format",
-        UNSUPPORTED,
+        "response_format.json_schema.name",
+        MISSING,
     ),
+    (chat(response_format={"type": "xml"}), "response_format.type", "invalid_value"),
     (chat(response_format="text"), "response_format", TYPE),
     (chat(audio={"voice": "alloy", "format": "mp3"}), "audio", UNSUPPORTED),
     (chat(prediction={"type": "content", "content": "x"}), "prediction", UNSUPPORTED),
@@ -534,9 +548,9 @@ COMPLETIONS_REJECTIONS: list[tuple[dict[str, object], str, str]] = [
     (comp(best_of=2), "best_of", UNSUPPORTED),
     (comp(suffix="!"), "suffix", UNSUPPORTED),
     (comp(suffix=1), "suffix", TYPE),
-    (comp(logprobs=1), "logprobs", UNSUPPORTED),
+    (comp(logprobs=6), "logprobs", VALUE),
     (comp(logprobs=True), "logprobs", TYPE),
-    (comp(n=3), "n", UNSUPPORTED),
+    (comp(n=9), "n", VALUE),
     (comp(presence_penalty=1), "presence_penalty", UNSUPPORTED),
     (comp(max_tokens=0), "max_tokens", VALUE),
     (comp(temperature=-1), "temperature", VALUE),
@@ -566,8 +580,8 @@ def test_non_object_body(parse: Callable[[object], object], body: object) -> Non
 
 
 def test_unsupported_message_says_what_is_supported() -> None:
-    error = rejected(parse_chat_completions, chat(n=2))
-    assert "'n'" in error.message and "1 or null" in error.message
+    error = rejected(parse_chat_completions, chat(presence_penalty=1))
+    assert "'presence_penalty'" in error.message and "0 or null" in error.message
     error = rejected(parse_chat_completions, user([IMAGE]))
     assert '"image_url"' in error.message and '"text"' in error.message
     error = rejected(parse_chat_completions, chat(foo=1))
@@ -1029,11 +1043,11 @@ def test_openai_client_completions(client: openai.OpenAI) -> None:
 
 def test_openai_client_sees_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], n=2)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], n=9)
     assert (bad.value.status_code, bad.value.param, bad.value.code) == (
         400,
         "n",
-        "unsupported_parameter",
+        "invalid_value",
     )
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(

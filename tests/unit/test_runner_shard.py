@@ -18,9 +18,9 @@ from skulk.models._shards import ShardSlice, needed_tensors
 from skulk.runner._lockstep import (
     CONTROL_SIZE,
     MAX_FREES,
+    Chunk,
     Control,
     LockstepError,
-    Op,
     Opening,
     decode,
     encode,
@@ -44,9 +44,10 @@ CONTROLS = [
         warmed=True,
         frees=tuple(range(MAX_FREES)),
         opening=Opening(3, temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1),
-        op=Op("decode", 3, 1, token=151_000),
+        prefill=Chunk(3, 7),
+        batch=((0, 151_000), (3, 2**31 - 1), (63, 0)),  # a decode step of three rows
     ),
-    Control(1, opening=Opening(0, 1e-30, 1.0, 0, 0), op=Op("prefill", 0, 512)),
+    Control(1, opening=Opening(0, 1e-30, 1.0, 0, 0), prefill=Chunk(0, 512)),
 ]
 
 

@@ -33,6 +33,7 @@ from skulk.wire.runner import (
     Shutdown,
     TextPrompt,
     TokenChunk,
+    ToolCall,
     ToRunner,
     Usage,
 )
@@ -70,9 +71,10 @@ def test_wire_shape_is_a_tagged_map() -> None:
         "prompt": {
             "t": "ChatPrompt",
             "messages": [
-                {"role": "system", "content": "be brief"},
-                {"role": "user", "content": "hi"},
+                {"role": "system", "content": "be brief", "tool_calls": [], "tool_call_id": None},
+                {"role": "user", "content": "hi", "tool_calls": [], "tool_call_id": None},
             ],
+            "tools": None,
         },
         "params": {
             "temperature": 0.5,
@@ -81,6 +83,9 @@ def test_wire_shape_is_a_tagged_map() -> None:
             "seed": 7,
             "max_tokens": 16,
             "stop": ["\n"],
+            "logprobs": None,
+            "json_schema": None,
+            "tool_call": False,
         },
     }
     assert next(iter(plain(GENERATE))) == "t"
@@ -88,7 +93,23 @@ def test_wire_shape_is_a_tagged_map() -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [GENERATE, Generate("r2", TextPrompt("once upon"), SamplingParams()), Cancel("r1"), Shutdown()],
+    [
+        GENERATE,
+        Generate("r2", TextPrompt("once upon"), SamplingParams()),
+        Generate(
+            "r3",
+            ChatPrompt(
+                (
+                    ChatMessage("assistant", "", (ToolCall("c1", "f", '{"a": 1}'),)),
+                    ChatMessage("tool", "42", tool_call_id="c1"),
+                ),
+                tools='[{"type": "function", "function": {"name": "f"}}]',
+            ),
+            SamplingParams(json_schema='{"type":"object"}', tool_call=True),
+        ),
+        Cancel("r1"),
+        Shutdown(),
+    ],
 )
 def test_round_trip(frame: ToRunner) -> None:
     decoded = TO.decode(TO.encode(frame))
@@ -214,8 +235,10 @@ def test_unknown_tag_at_top_level() -> None:
     error = schema_error(value)
     assert isinstance(error, UnknownTag)
     assert (error.tag, error.path) == ("Nope", "$")
-    assert error.expected == ("Load", "Generate", "Cancel", "Shutdown")
-    assert str(error) == "unknown tag 'Nope' (expected one of Load, Generate, Cancel, Shutdown) @ $"
+    assert error.expected == ("Load", "Generate", "Tokenize", "Embed", "Cancel", "Shutdown")
+    assert str(error) == (
+        "unknown tag 'Nope' (expected one of Load, Generate, Tokenize, Embed, Cancel, Shutdown) @ $"
+    )
 
 
 def test_unknown_tag_in_nested_union() -> None:
@@ -322,7 +345,7 @@ def _generate(prompt: object = None, params: object = None, **sampling: object) 
     return Generate("r", prompt or TextPrompt("x"), params)  # type: ignore[arg-type]
 
 
-ONE_OF_TO = "expected one of Load, Generate, Cancel, Shutdown"
+ONE_OF_TO = "expected one of Load, Generate, Tokenize, Embed, Cancel, Shutdown"
 
 
 @pytest.mark.parametrize(

@@ -502,7 +502,11 @@ _MUTANTS: list[tuple[str, str, str]] = [
     ("tag missing", '"t": "TextPrompt",\n', ""),
     ("untagged class tagged", "Usage = {\n", 'Usage = {\n  "t": "Usage",\n'),
     ("union member missing", "/ RunnerFailed / Heartbeat", "/ RunnerFailed"),
-    ("nested union inlined", "id: tstr,\n  prompt: Prompt,", "id: tstr,\n  prompt: ChatPrompt,"),
+    (
+        "nested union inlined",
+        '"t": "Generate",\n  request_id: tstr,\n  prompt: Prompt,',
+        '"t": "Generate",\n  request_id: tstr,\n  prompt: ChatPrompt,',
+    ),
     ("stray map rule", "\nUsage = {", "\nStray = { x: int }\nUsage = {"),
     ("standalone frame not a root", "/ RouteRequest / RouteItem", "/ RouteItem"),
 ]

@@ -1,0 +1,534 @@
+"""OpenAI's Responses format (``POST /v1/responses``): parsing and rendering, sans-IO.
+
+:func:`parse_responses` turns a body into a :class:`~skulk.api._request.GenerateRequest` or
+raises :class:`ApiError` (400, ``param`` naming the field), as strictly as the Chat Completions
+parser: honoured fields, fields accepted only with their no-op value, informational fields, and
+anything else is ``unknown_parameter``.
+
+* ``input``: a string (one user message) or a list of messages — roles ``user``, ``assistant``,
+  ``system``, ``developer`` (as system); content a string or ``input_text`` / ``output_text``
+  parts. Other input items (tool calls and outputs, reasoning, item references, images, files)
+  are refused, naming the item.
+* ``instructions`` is a system message put first.
+* ``store``: we keep no responses (there is no ``GET /v1/responses/{id}``), so ``store: true``
+  is refused rather than accepted and forgotten; absent, null or false is fine and the response
+  says ``"store": false``.
+
+:class:`ResponsesRenderer` answers with a ``response`` object (``status`` ``completed``, or
+``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` when the token limit
+ended it), or streams OpenAI's named events, each ``event: <type>`` with ``data`` carrying the
+same ``type`` and a ``sequence_number`` counting from 0::
+
+    response.created, response.in_progress, response.output_item.added,
+    response.content_part.added, response.output_text.delta…, response.output_text.done,
+    response.content_part.done, response.output_item.done,
+    response.completed (or response.incomplete)
+
+A failure after the stream started sends ``error`` (code, message, param) then
+``response.failed`` (the response with ``status: "failed"`` and its ``error``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+
+import attrs
+
+from skulk.api._openai_errors import ApiError, _show
+from skulk.api._openai_logprobs import chat_logprobs
+from skulk.api._openai_parse import (
+    _CHAT_INFO,
+    _FALSE,
+    _MAX_TOKENS,
+    _MODEL,
+    _NULL_ONLY,
+    _SAMPLING,
+    _STREAM_OPTION_FIELDS,
+    _STRING,
+    _body,
+    _Check,
+    _info,
+    _model,
+    _object,
+    _only,
+    _opt_int,
+    _opt_number,
+    _reject_unknown,
+    _required_str,
+    _run_checks,
+    _streaming,
+    _typed_part,
+)
+from skulk.api._request import Event, GenerateRequest
+from skulk.api._schema import Schema, honoured, no_op, obj, ref, typed
+from skulk.api._structured import TEXT_FORMAT_SCHEMA, responses_text_format
+from skulk.wire.runner import MAX_TOP_LOGPROBS, ChatMessage, ChatPrompt, SamplingParams
+from skulk.worker import Generation, join_scored
+
+#: The one ``include`` value we honour: log-probabilities with the output text.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_SUPPORTED_ROLES = '"user", "assistant", "system" or "developer"'
+
+
+def _check_text(param: str, value: object) -> None:
+    """``text``: ``format`` is plain text or structured output (read by
+    :func:`_text_format`), at the default verbosity."""
+    if value is None:
+        return
+    text = _object(value, param)
+    _reject_unknown(text, dict.fromkeys(["format", "verbosity"]), f"{param}.")
+    _only("medium", types=(str,), expected="a string")(f"{param}.verbosity", text.get("verbosity"))
+
+
+def _logprobs_included(body: Mapping[str, object]) -> bool:
+    """Whether ``include`` asks for log-probabilities (its only value we honour; any other is
+    refused as unsupported)."""
+    raw = body.get("include")
+    if raw is None:
+        return False
+    if not isinstance(raw, list):
+        raise ApiError.invalid_type("include", "an array", raw)
+    for i, value in enumerate(raw):
+        if not isinstance(value, str):
+            raise ApiError.invalid_type(f"include[{i}]", "a string", value)
+        if value != LOGPROBS_INCLUDE:
+            raise ApiError.unsupported(f"include[{i}]", value, supported=repr(LOGPROBS_INCLUDE))
+    return bool(raw)
+
+
+def _text_format(body: Mapping[str, object]) -> tuple[str | None, Mapping[str, object]]:
+    """``text.format`` as the runner's schema text (``None``: free text) and as echoed."""
+    text = body.get("text")
+    value = text.get("format") if isinstance(text, dict) else None
+    schema = responses_text_format(value)
+    return schema, value if isinstance(value, dict) and schema is not None else {"type": "text"}
+
+
+_TEXT = _Check(
+    _check_text,
+    {
+        "anyOf": [
+            obj(
+                {
+                    "format": honoured(
+                        'Structured output: {"type": "text"} (the default), {"type": '
+                        '"json_object"} or {"type": "json_schema", "name", "schema", "strict"}, '
+                        "enforced by constrained decoding; a schema feature it cannot enforce "
+                        "is a 400 naming it.",
+                        **TEXT_FORMAT_SCHEMA,
+                    ),
+                    "verbosity": no_op(["medium"], '"medium"'),
+                }
+            ),
+            {"type": "null"},
+        ],
+        "description": "Plain text or structured output (format), at the default verbosity "
+        "(anything else is refused, 400 unsupported_parameter).",
+    },
+)
+
+_NO_OPS: dict[str, _Check] = {
+    "tools": _only([], types=(list,), expected="an array"),
+    "tool_choice": _only("auto", "none", types=(str, dict), expected="a string or an object"),
+    "previous_response_id": _NULL_ONLY,
+    "conversation": _NULL_ONLY,
+    "reasoning": _NULL_ONLY,
+    "prompt": _NULL_ONLY,
+    "background": _FALSE,
+    "background_options": _NULL_ONLY,
+    "max_tool_calls": _NULL_ONLY,
+    "truncation": _only("disabled", types=(str,), expected="a string"),
+    "text": _TEXT,
+    "service_tier": _only("auto", "default", types=(str,), expected="a string"),
+    "store": _FALSE,
+    "context_management": _NULL_ONLY,
+    "moderation": _NULL_ONLY,
+    "access_programs": _NULL_ONLY,
+    "image": _NULL_ONLY,
+    "prompt_cache_retention": _NULL_ONLY,
+    "prompt_cache_options": _only({}, types=(dict,), expected="an object"),
+}
+
+#: The same informational fields as chat completions (user, metadata, ...).
+_INFO = _CHAT_INFO
+
+#: The honoured fields and the JSON Schema of what each accepts (the OpenAPI document's).
+_HONOURED: dict[str, Schema] = {
+    "model": _MODEL,
+    "input": honoured(
+        "A string (one user message) or a list of message items.",
+        anyOf=[{"type": "string"}, {"type": "array", "minItems": 1, "items": ref("InputMessage")}],
+    ),
+    "instructions": honoured("A system message put first.", type=["string", "null"]),
+    "max_output_tokens": honoured(
+        "The most tokens to generate (absent: up to the context).", **_MAX_TOKENS
+    ),
+    "temperature": _SAMPLING["temperature"],
+    "top_p": _SAMPLING["top_p"],
+    "include": honoured(
+        f"Only {LOGPROBS_INCLUDE!r}: each output token's log-probability in the output_text "
+        "part's and delta events' logprobs (any other value: 400 unsupported_parameter).",
+        type=["array", "null"],
+        items={"const": LOGPROBS_INCLUDE},
+    ),
+    "top_logprobs": honoured(
+        f"0 to {MAX_TOP_LOGPROBS}: that many likeliest alternatives per output token (a "
+        "non-zero value turns log-probabilities on, as the include value does).",
+        type=["integer", "null"],
+        minimum=0,
+        maximum=MAX_TOP_LOGPROBS,
+    ),
+    "stream": honoured("Named server-sent events (text/event-stream).", type=["boolean", "null"]),
+    "stream_options": honoured(
+        "Only with stream: true; include_obfuscation only false (events are never padded).",
+        anyOf=[
+            obj({"include_obfuscation": _STREAM_OPTION_FIELDS["include_obfuscation"]}),
+            {"type": "null"},
+        ],
+    ),
+}
+_FIELDS: dict[str, object] = dict.fromkeys([*_HONOURED, *_NO_OPS, *_INFO])
+
+_MESSAGE_KEYS: dict[str, Schema] = {
+    "type": {"const": "message"},
+    "role": {"enum": list(_ROLES)},
+    "content": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"anyOf": [ref("InputText"), ref("OutputText")]}},
+        ],
+        "description": "A string or parts: output_text in assistant turns, input_text in "
+        "the others.",
+    },
+    "id": typed((str,), "Informational (an earlier output message's)."),
+    "status": typed((str,), "Informational (an earlier output message's)."),
+    "phase": typed((str,), "Informational (an earlier output message's)."),
+}
+_PART_KEYS: dict[str, dict[str, Schema]] = {
+    "input_text": {
+        "type": {"const": "input_text"},
+        "text": {"type": "string"},
+        "prompt_cache_breakpoint": _NULL_ONLY.schema,
+    },
+    "output_text": {
+        "type": {"const": "output_text"},
+        "text": {"type": "string"},
+        "annotations": no_op([[]], "[]"),
+        "logprobs": typed((list,), "Informational."),
+    },
+}
+
+
+def _message_schema(roles: list[str], part: str) -> Schema:
+    """An input message of ``roles``, whose content parts are ``part`` (``_part``'s rule)."""
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": ref(part)}]}
+    return obj(
+        {**_MESSAGE_KEYS, "role": {"enum": roles}, "content": content}, required=("role", "content")
+    )
+
+
+#: Shared schemas of the body above (``components.schemas`` of the OpenAPI document).
+SCHEMAS: dict[str, Schema] = {
+    "InputMessage": {
+        "anyOf": [
+            _message_schema(["user", "system", "developer"], "InputText"),
+            _message_schema(["assistant"], "OutputText"),
+        ],
+        "description": "Other input items (function_call, reasoning, item_reference, ...) are "
+        "refused (400) naming the item.",
+    },
+    "InputText": obj(_PART_KEYS["input_text"], required=("type", "text")),
+    "OutputText": obj(_PART_KEYS["output_text"], required=("type", "text")),
+}
+
+
+def _part(raw: object, param: str, role: str) -> str:
+    # An assistant turn speaks output_text; the others input_text (OpenAI insists on it too).
+    wanted = "output_text" if role == "assistant" else "input_text"
+    kind, part = _typed_part(
+        raw, param, {wanted: _PART_KEYS[wanted]}, supported=f'"{wanted}" parts here'
+    )
+    if kind == "input_text":
+        _NULL_ONLY(f"{param}.prompt_cache_breakpoint", part.get("prompt_cache_breakpoint"))
+    else:
+        _only([], types=(list,), expected="an array")(
+            f"{param}.annotations", part.get("annotations")
+        )
+        _info((list,), "an array")(f"{param}.logprobs", part.get("logprobs"))
+    return _required_str(part, "text", param)
+
+
+def _message(raw: object, param: str) -> ChatMessage:
+    item = _object(raw, param)
+    kind = item.get("type", "message")
+    if kind != "message":
+        if not isinstance(kind, str):
+            raise ApiError.invalid_type(f"{param}.type", "a string", kind)
+        raise ApiError.unsupported(f"{param}.type", kind, supported='"message" input items')
+    role = _required_str(item, "role", param)
+    mapped = _ROLES.get(role)
+    if mapped is None:
+        raise ApiError.invalid(
+            f"{param}.role",
+            f"Invalid value for '{param}.role': {_show(role)}; expected {_SUPPORTED_ROLES}.",
+        )
+    _reject_unknown(item, _MESSAGE_KEYS, f"{param}.")
+    # An earlier output message sent back carries its id, status and phase: informational.
+    _STRING(f"{param}.id", item.get("id"))
+    _STRING(f"{param}.status", item.get("status"))
+    _STRING(f"{param}.phase", item.get("phase"))
+    content = item.get("content")
+    if content is None:
+        raise ApiError.missing(f"{param}.content")
+    if isinstance(content, str):
+        return ChatMessage(mapped, content)
+    if not isinstance(content, list):
+        raise ApiError.invalid_type(f"{param}.content", "a string or an array of parts", content)
+    text = "".join(_part(p, f"{param}.content[{j}]", role) for j, p in enumerate(content))
+    return ChatMessage(mapped, text)
+
+
+def _input(body: Mapping[str, object]) -> tuple[ChatMessage, ...]:
+    raw = body.get("input")
+    if raw is None:
+        raise ApiError.missing("input")
+    if isinstance(raw, str):
+        return (ChatMessage("user", raw),)
+    if not isinstance(raw, list):
+        raise ApiError.invalid_type("input", "a string or an array of input items", raw)
+    if not raw:
+        raise ApiError.invalid("input", "Invalid value for 'input': must not be empty.")
+    return tuple(_message(item, f"input[{i}]") for i, item in enumerate(raw))
+
+
+def parse_responses(body: object) -> GenerateRequest:
+    """Validate a ``POST /v1/responses`` body (the result of ``json.loads``).
+
+    Raises :class:`ApiError` (400) naming the first offending field; nothing else. Checks run
+    in a fixed order (unknown fields, model, input, instructions, no-op fields, sampling,
+    streaming). ``max_output_tokens`` absent means "up to the context limit".
+    """
+    obj = _body(body, _FIELDS)
+    model = _model(obj)
+    messages = _input(obj)
+    instructions = obj.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ApiError.invalid_type("instructions", "a string", instructions)
+    if instructions is not None:
+        messages = (ChatMessage("system", instructions), *messages)
+    _run_checks(obj, _NO_OPS)
+    _run_checks(obj, _INFO)
+    max_tokens = _opt_int(obj, "max_output_tokens", lo=1)
+    temperature = _opt_number(obj, "temperature", lo=0, hi=2)
+    top_p = _opt_number(obj, "top_p", lo=0, hi=1, lo_open=True)
+    schema, text_format = _text_format(obj)
+    top_logprobs = _opt_int(obj, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS) or 0
+    logprobs = _logprobs_included(obj) or top_logprobs > 0
+    params = SamplingParams(
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        max_tokens=max_tokens,
+        json_schema=schema,
+        logprobs=top_logprobs if logprobs else None,
+    )
+    metadata = obj.get("metadata")
+    user = obj.get("user")
+    fmt = ResponsesFormat(
+        instructions=instructions,
+        max_output_tokens=max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        metadata=dict(metadata) if isinstance(metadata, dict) else {},
+        user=user if isinstance(user, str) else None,
+        tool_choice="none" if obj.get("tool_choice") == "none" else "auto",
+        text_format=text_format,
+        top_logprobs=top_logprobs,
+        logprobs=logprobs,
+    )
+    stream, _ = _streaming(obj, options_known=dict.fromkeys(["include_obfuscation"]))
+    return GenerateRequest(model, ChatPrompt(messages), params, stream, fmt)
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+@attrs.frozen
+class ResponsesFormat:
+    """What a Responses answer echoes of its request (:class:`~skulk.api._request.Format`)."""
+
+    instructions: str | None
+    max_output_tokens: int | None
+    temperature: float
+    top_p: float
+    metadata: Mapping[str, object]
+    user: str | None
+    tool_choice: str
+    text_format: Mapping[str, object] = attrs.field(factory=lambda: {"type": "text"})
+    top_logprobs: int = 0
+    logprobs: bool = False  # each output_text part and delta carries its tokens' entries
+
+    @property
+    def prompt_param(self) -> str:
+        return "input"
+
+    def renderer(self, model: str) -> ResponsesRenderer:
+        return ResponsesRenderer(self, model, _new_id("resp"), _new_id("msg"), time.time())
+
+
+def _usage(end: Generation) -> dict[str, object]:
+    u = end.usage
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
+
+
+def _error_code(err: ApiError) -> str:
+    """``response.error.code``: OpenAI's closed set (the client's model lists it)."""
+    if err.status == 429:
+        return "rate_limit_exceeded"
+    return "invalid_prompt" if err.status < 500 else "server_error"
+
+
+@attrs.define
+class ResponsesRenderer:
+    """One response's events or whole object (:class:`~skulk.api._request.Renderer`)."""
+
+    format: ResponsesFormat
+    model: str
+    id: str
+    item_id: str
+    created_at: float
+    _sequence: int = 0
+    _text: list[str] = attrs.Factory(list)
+
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, object]],
+        end: Generation | None = None,
+        error: ApiError | None = None,
+    ) -> dict[str, object]:
+        """The ``response`` object in its ``status`` (``in_progress``, ``completed``,
+        ``incomplete``, ``failed``)."""
+        f = self.format
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "completed_at": time.time() if status in ("completed", "incomplete") else None,
+            "background": False,
+            "error": None
+            if error is None
+            else {"code": _error_code(error), "message": error.message},
+            "incomplete_details": incomplete,
+            "instructions": f.instructions,
+            "max_output_tokens": f.max_output_tokens,
+            "max_tool_calls": None,
+            "metadata": dict(f.metadata),
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": None,
+            "service_tier": "default",
+            "store": False,
+            "temperature": f.temperature,
+            "text": {"format": dict(f.text_format), "verbosity": "medium"},
+            "tool_choice": f.tool_choice,
+            "tools": [],
+            "top_logprobs": f.top_logprobs,
+            "top_p": f.top_p,
+            "truncation": "disabled",
+            "usage": None if end is None else _usage(end),
+            "user": f.user,
+        }
+
+    def _logprobs(self, text: str) -> object:
+        """``text``'s entries, shaped as chat's ``logprobs.content`` (the same in Responses)."""
+        return chat_logprobs(text)["content"] if self.format.logprobs else []
+
+    def _part(self, text: str) -> dict[str, object]:
+        logprobs = self._logprobs(text)
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+    def _item(self, status: str, content: list[dict[str, object]]) -> dict[str, object]:
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    def _event(self, name: str, **data: object) -> Event:
+        event = Event({"type": name, "sequence_number": self._sequence, **data}, name=name)
+        self._sequence += 1
+        return event
+
+    def _where(self) -> dict[str, object]:
+        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+
+    @staticmethod
+    def _status(end: Generation) -> str:
+        return "incomplete" if end.finish_reason == "length" else "completed"
+
+    def opening(self) -> list[Event]:
+        return [
+            self._event("response.created", response=self.response("in_progress", [])),
+            self._event("response.in_progress", response=self.response("in_progress", [])),
+            self._event(
+                "response.output_item.added", output_index=0, item=self._item("in_progress", [])
+            ),
+            self._event("response.content_part.added", **self._where(), part=self._part("")),
+        ]
+
+    def delta(self, text: str) -> list[Event]:
+        self._text.append(text)
+        logprobs = self._logprobs(text)
+        delta = self._event(
+            "response.output_text.delta", **self._where(), delta=text, logprobs=logprobs
+        )
+        return [delta]
+
+    def closing(self, end: Generation) -> list[Event]:
+        text = join_scored(self._text)
+        status = self._status(end)
+        item = self._item(status, [self._part(text)])
+        return [
+            self._event(
+                "response.output_text.done",
+                **self._where(),
+                text=text,
+                logprobs=self._logprobs(text),
+            ),
+            self._event("response.content_part.done", **self._where(), part=self._part(text)),
+            self._event("response.output_item.done", output_index=0, item=item),
+            self._event(f"response.{status}", response=self.response(status, [item], end)),
+        ]
+
+    def failure(self, err: ApiError) -> list[Event]:
+        item = self._item("incomplete", [self._part("".join(self._text))])
+        return [
+            self._event("error", code=err.code, message=err.message, param=err.param),
+            self._event("response.failed", response=self.response("failed", [item], error=err)),
+        ]
+
+    def whole(self, text: str, end: Generation) -> dict[str, object]:
+        status = self._status(end)
+        return self.response(status, [self._item(status, [self._part(text)])], end)

@@ -1,0 +1,63 @@
+"""The rows of a decode batch in one forward pass: their KV caches joined and split, and each
+row's token sampled with its own sampler.
+
+Shared by the single-process batch (:mod:`skulk.runner._batch`) and the sharded lockstep loop
+(:mod:`skulk.runner._sharded_loop`, where every rank keeps one batch of its own layers'
+caches), so both lay their rows out the same way:
+
+* one row: that request's plain single-row cache (mlx-lm's ``KVCache`` per layer), so a lone
+  stream decodes exactly as it would alone — no padding, no mask, no copy;
+* two or more rows: mlx-lm's batch caches (``BatchKVCache``: left-padded rows), built with
+  ``merge`` and grown with ``extend``; a row leaves with ``filter``, and when one row is left
+  its cache is ``extract``\\ ed back into a plain one.
+
+Rows join at the end and keep their order, so whoever applies the same joins and leaves in
+the same order holds the same layout. Plain mlx, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from skulk.runner._sampling import Sampler
+
+
+def join_rows(cache: list[Any], rows: int, own: list[Any]) -> list[Any]:
+    """The caches of a batch of ``rows`` rows (``cache``; ``[]`` when empty) with a new last
+    row whose prompt is in ``own`` (its single-row cache, which the batch takes over)."""
+    if rows == 0:
+        return own
+    if rows == 1:
+        return [type(a).merge([a, b]) for a, b in zip(cache, own, strict=True)]
+    for batched, single in zip(cache, own, strict=True):
+        batched.extend(type(single).merge([single]))
+    return cache
+
+
+def drop_row(
+    cache: list[Any], rows: int, i: int, *, keep_cache: bool = False
+) -> tuple[list[Any], list[Any] | None, list[int]]:
+    """Take row ``i`` out of a batch of ``rows`` rows: the batch's caches now (``[]`` when
+    none is left), row ``i``'s own single-row cache when ``keep_cache`` (else ``None``), and
+    the indices of the rows that stay, in order (for the caller's per-row arrays)."""
+    keep = [j for j in range(rows) if j != i]
+    if rows == 1:
+        return [], cache if keep_cache else None, keep
+    own = [c.extract(i) for c in cache] if keep_cache else None
+    if len(keep) == 1:
+        return [c.extract(keep[0]) for c in cache], own, keep
+    index = mx.array(keep)
+    for c in cache:
+        c.filter(index)
+    return cache, own, keep
+
+
+def sample_rows(logits: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+    """Each row of ``logits`` (``(rows, vocab)``) sampled with that row's sampler (its own key,
+    temperature, top-p, top-k), so a seeded row draws what it would alone: ``(rows,)``."""
+    if len(samplers) == 1:
+        return samplers[0](logits)
+    return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])

@@ -1,0 +1,59 @@
+"""``python -m skulk.bench load`` end to end with tiny counts: a real node and a real
+``mlx_lm.server`` on loopback, two concurrency levels, every mode. Checks the shape of the
+result, not the numbers (timing is for benchmarks, not tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from skulk.bench._load import PREFIX_FLAG, SPECULATIVE_FLAG, node_flags
+
+TINY = ("--levels", "1,2", "--rounds", "1", "--max-tokens", "8", "--chat-chars", "600")
+SERVERS = ("skulk", "mlx_lm_server")
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def test_load_bench_measures_both_servers_and_every_mode() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "skulk.bench", "load", "--json", *TINY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["benchmark"] == "load" and result["model"] == "demo"
+    assert result["levels"] == [1, 2] and result["rounds"] == 1 and result["max_tokens"] == 8
+    assert set(result["throughput"]) == {"1", "2"}
+    for level, figures in result["throughput"].items():
+        assert positive(figures["ratio"]), level
+        assert figures["goal"] == (1.0 if level == "1" else 1.2)
+        assert len(figures["ratio_by_round"]) == 1
+        for server in SERVERS:
+            side = figures[server]
+            for key in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms"):
+                assert positive(side[key]), (level, server, key)
+            assert side["ttft_p99_ms"] >= side["ttft_p50_ms"]
+            assert side["tokens"] == [8], (level, server)  # the demo model never stops early
+            assert isinstance(side["retries"], int) and side["retries"] >= 0
+        assert figures["full_length"] is True
+    flags = node_flags()
+    for mode, flag in (("prefix", PREFIX_FLAG), ("speculative", SPECULATIVE_FLAG)):
+        assert result[mode]["available"] is (flag in flags), mode
+        if not result[mode]["available"]:
+            assert flag in result[mode]["reason"]
+    if result["prefix"]["available"]:
+        prefix = result["prefix"]
+        assert positive(prefix["ratio"]) and prefix["goal"] == 0.3
+        assert prefix["prompt_tokens"][1] > prefix["prompt_tokens"][0] > 0
+        assert len(prefix["cached_ttft_ms"]) == len(prefix["uncached_ttft_ms"]) == 2
+    if result["speculative"]["available"]:
+        for kind in ("copy", "free"):
+            figures = result["speculative"][kind]
+            assert positive(figures["ratio"]) and positive(figures["plain_tokens_per_s"]), kind
+            assert len(figures["ratio_by_round"]) == 1, kind
