@@ -28,10 +28,10 @@ from skulk.api._tool_calls import (
     Call,
     Choice,
     Tool,
+    answer_calls,
     check_tools,
     checked_object,
     objects,
-    parse_calls,
 )
 from skulk.wire.runner import ChatMessage, FinishReason, ToolCall
 from skulk.worker import Generation
@@ -210,9 +210,7 @@ class ToolsRenderer:
 
     def _answer(self, end: Generation) -> tuple[str, list[Call]]:
         text = "".join(self._held)
-        if end.finish_reason != "stop":
-            return text, []
-        return parse_calls(text, id_prefix="toolu_")
+        return answer_calls(text, end, id_prefix="toolu_")
 
     def closing(self, end: Generation) -> list[Event]:
         text, calls = self._answer(end)

@@ -49,6 +49,7 @@ from skulk.diagnostics import ClusterTimeline
 from skulk.federation import Mesh, TelemetryGossip
 from skulk.routing import ModelListing, Route, Router
 from skulk.runner import Runner
+from skulk.wire.runner import EngineStats
 from skulk.worker import ModelService, ModelStatus
 
 log = logging.getLogger("skulk.api")
@@ -354,8 +355,17 @@ def _runner_diagnostics(runner: Runner) -> dict[str, object]:
         if failure is None
         else {"reason": failure.reason, "message": failure.message, "tail": list(failure.tail)},
         "deadlines": runner.config.deadlines(),
+        "engine": _engine_diagnostics(runner.engine_statistics()),
         "events": [attrs.asdict(e) for e in runner.flight_events()],
     }
+
+
+def _engine_diagnostics(stats: EngineStats | None) -> dict[str, object] | None:
+    """The runner's engine counters, with the speculation acceptance rate (``None`` while
+    nothing was drafted); ``None`` until the runner sent some (a sharded rank never does)."""
+    if stats is None:
+        return None
+    return {**attrs.asdict(stats), "acceptance_rate": stats.acceptance_rate}
 
 
 def _json(body: object, status: int) -> Response:

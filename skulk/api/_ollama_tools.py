@@ -7,7 +7,7 @@ forced. A ``tool`` turn names its tool (``tool_name``) instead of a call id: tha
 the prompt carries as its ``tool_call_id``.
 
 An answer that may call a tool is rendered by :class:`ToolsRenderer`: its text is held back to
-the end; calls read from it (:func:`skulk.api._tool_calls.parse_calls`) go out in one line with
+the end; calls read from it (:func:`skulk.api._tool_calls.answer_calls`) go out in one line with
 ``message.tool_calls`` (``[{"id", "function": {"index", "name", "arguments"}}]``, arguments
 an object), before the last line, as Ollama streams them.
 """
@@ -21,7 +21,7 @@ import attrs
 
 from skulk.api._openai_errors import ApiError
 from skulk.api._request import Event
-from skulk.api._tool_calls import Call, checked_object, objects, parse_calls
+from skulk.api._tool_calls import Call, answer_calls, checked_object, objects
 from skulk.wire.runner import ToolCall
 from skulk.worker import Generation
 
@@ -75,7 +75,7 @@ class ToolsRenderer:
 
     def _answer(self, end: Generation) -> tuple[str, list[Call]]:
         text = "".join(self._held)
-        return (text, []) if end.finish_reason != "stop" else parse_calls(text)
+        return answer_calls(text, end)
 
     def _with_calls(self, body: dict[str, object], calls: list[Call]) -> dict[str, object]:
         message = body.get("message")

@@ -33,10 +33,10 @@ from skulk.api._tool_calls import (
     Call,
     Choice,
     Tool,
+    answer_calls,
     check_tools,
     checked_object,
     objects,
-    parse_calls,
 )
 from skulk.wire.runner import ToolCall
 from skulk.worker import Generation
@@ -219,9 +219,7 @@ class ToolsRenderer:
 
     def _answer(self, end: Generation) -> tuple[str, list[Call]]:
         text = "".join(self._held)
-        if end.finish_reason != "stop":
-            return text, []  # cut short: whatever call it began is incomplete
-        return parse_calls(text)
+        return answer_calls(text, end)
 
     @staticmethod
     def _reason(end: Generation, calls: Sequence[Call]) -> str:

@@ -13,15 +13,17 @@ here.
   output to one call (:func:`forced_params`): ``{"name": …, "arguments": …}`` valid for the
   tool's ``parameters`` — the shape mlx-lm's ``json_tools`` parser reads — wrapped in the
   model's tool-call markers when its tokenizer has them.
-* **Parsing** (:func:`parse_calls`) happens here, in the API, once the whole text is in:
-  ``<tool_call>…</tool_call>`` blocks holding JSON (the Hermes/Qwen convention mlx-lm's
-  ``json_tools`` parser reads, and what the forced path produces for such models), else a whole
-  answer that is exactly one JSON call (what the forced path and the fallback prompt produce).
-  The API rather than the runner parses because the result is rendered differently by every
-  format (OpenAI ``tool_calls``, Anthropic ``tool_use`` blocks, Ollama ``message.tool_calls``)
-  and the runner protocol stays text in, text out; parsing is kept in this one module.
-  Model families with other call syntaxes (mlx-lm's ``gemma4``, ``kimi_k2``, ``mistral``, …
-  parsers) are not read yet: their calls arrive as text.
+* **Reading the calls** (:func:`answer_calls`, the one place that decides, for every format)
+  once the whole text is in: an answer cut short (``length``) has none; else the calls the
+  runner read with the model's own mlx-lm tool parser (``Finished.tool_calls``, carried on
+  :class:`~skulk.worker.Generation`; any family mlx-lm knows — ``json_tools``, ``pythonic``,
+  ``mistral``, ``gemma4``, ``kimi_k2``, ``qwen3_coder``, …; see
+  :mod:`skulk.runner._tool_parse`) when it read any; else our own parse of the text
+  (:func:`parse_calls`): ``<tool_call>…</tool_call>`` blocks holding JSON (the Hermes/Qwen
+  convention, and what the forced path produces for such models), else a whole answer that is
+  exactly one JSON call (what the forced path and the fallback prompt produce on a model
+  without a parser). Rendering stays per format (OpenAI ``tool_calls``, Anthropic
+  ``tool_use`` blocks, Ollama ``message.tool_calls``).
 
 Streaming: a request that may call a tool has its text held back until the end (a call is only
 known once it is complete), then sent as text or as the format's tool-call deltas.
@@ -41,6 +43,7 @@ from skulk.api._openai_errors import ApiError
 from skulk.api._structured import CHECK_HERE_BYTES, refused
 from skulk.grammar import SchemaRefused, check_schema, schema_text, tool_call_schema
 from skulk.wire.runner import SamplingParams
+from skulk.worker import Generation
 
 #: No tools offered or ``none``: plain text; ``auto``: the model may call; ``required``: it must
 #: call one of them; a tool's name: it must call that one.
@@ -159,6 +162,17 @@ def forced_params(
     except SchemaRefused as exc:
         raise refused(exc) from None
     return attrs.evolve(params, json_schema=text, tool_call=True)
+
+
+def answer_calls(text: str, end: Generation, *, id_prefix: str = "call_") -> tuple[str, list[Call]]:
+    """The text left and the calls of a whole answer ``text`` that ended as ``end`` (see the
+    module docstring); a call without the model's own id gets a fresh one in ``id_prefix``."""
+    if end.finish_reason != "stop":
+        return text, []  # cut short: whatever call it began is incomplete
+    if end.tool_calls:
+        calls = [Call(c.id or new_call_id(id_prefix), c.name, c.arguments) for c in end.tool_calls]
+        return end.content or "", calls
+    return parse_calls(text, id_prefix=id_prefix)
 
 
 def parse_calls(text: str, *, id_prefix: str = "call_") -> tuple[str, list[Call]]:

@@ -136,8 +136,14 @@ class RouteCaller:
                         yield ScoredText(text, logprobs) if logprobs else text
                     case RouteKeepalive():
                         pass
-                    case RouteEnd(finish_reason=finish_reason, usage=usage, stop_sequence=stop):
-                        yield Generation(finish_reason, usage, stop)
+                    case RouteEnd() as end:
+                        yield Generation(
+                            end.finish_reason,
+                            end.usage,
+                            end.stop_sequence,
+                            end.tool_calls,
+                            end.content,
+                        )
                         return
                     case RouteFailed(reason=reason, message=message):
                         raise RequestFailure(reason, message)

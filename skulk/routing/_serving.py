@@ -249,7 +249,13 @@ class RouteServer:
             ) as items:
                 async for item in items:
                     if isinstance(item, Generation):
-                        return RouteEnd(item.finish_reason, item.usage, item.stop_sequence)
+                        return RouteEnd(
+                            item.finish_reason,
+                            item.usage,
+                            item.stop_sequence,
+                            item.tool_calls,
+                            item.content,
+                        )
                     for piece in _pieces(item):
                         await out.send(piece)
             return RouteFailed("runner_stopped", "the generation ended without a result")

@@ -45,6 +45,7 @@ from skulk.runner._grammar import Constraint, mask_rows
 from skulk.runner._rows import drop_row, join_rows, sample_rows
 from skulk.runner._sampling import Sampler
 from skulk.runner._speculate import NGramProposer, SpeculationController, SpeculativeDecoder
+from skulk.runner._tool_parse import ToolText
 from skulk.wire.runner import FinishReason, SamplingParams, Usage
 
 _async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
@@ -56,7 +57,9 @@ class Row:
     ``fed``: how many of them its KV cache holds (what a prefix cache may keep);
     ``cached_tokens``: prompt tokens reused from the prefix cache; ``reserved``: KV bytes the
     runner's budget holds for it; ``constraint``: its grammar state when it asked for
-    structured output (see :func:`_hand_out` and :meth:`Batch.step`)."""
+    structured output (see :func:`_hand_out` and :meth:`Batch.step`); ``tool_text``: its
+    emitted text, kept when it offered tools to a model with a tool parser
+    (:mod:`skulk.runner._tool_parse`)."""
 
     request_id: str
     out: TokenOutput
@@ -67,6 +70,7 @@ class Row:
     reserved: int = 0
     speculation: Speculation | None = None
     constraint: Constraint | None = None
+    tool_text: ToolText | None = None
 
     @classmethod
     def open(

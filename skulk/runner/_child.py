@@ -53,13 +53,17 @@ from skulk.runner._link import EOF, Link
 from skulk.runner._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
 from skulk.runner._speculate import DEFAULT_SPECULATIVE_TOKENS
+from skulk.runner._stats import EngineTotals
+from skulk.runner._tool_parse import ToolText
 from skulk.runner.faults import Faults
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
     Embed,
     Embedded,
+    EngineStats,
     Finished,
+    FinishReason,
     Generate,
     Hello,
     Load,
@@ -141,6 +145,7 @@ def load_failure_reason(exc: Exception) -> str:
 
 def _serve(link: Link, engine: Engine, faults: Faults, load: Load) -> int:
     requests = _Requests(link, engine, faults, load)
+    link.stats = requests.stats
     while True:
         # Block for work only when idle; otherwise take what has arrived and keep decoding.
         frames = [] if requests.busy else [link.next_frame(block=True)]
@@ -208,6 +213,7 @@ class _Requests:
         self.batches: list[Batch] = []  # one, unless the model's caches cannot be merged
         speculative = load.speculative_tokens
         self._speculative = DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative
+        self.totals = EngineTotals()
 
     @property
     def busy(self) -> bool:
@@ -259,6 +265,7 @@ class _Requests:
         except RequestError as exc:
             self._fail(req.request_id, exc.reason, exc.message)
             return
+        row.tool_text = ToolText.open(self._engine.tokenizer, req.prompt)
         refusal = self.budget.refusal(len(prepared.tokens), req.params.max_tokens)
         if refusal is not None:
             self._fail(req.request_id, *refusal)
@@ -342,6 +349,7 @@ class _Requests:
             self.batches.remove(batch)
             for row in batch.rows:
                 self._release(row)
+                self._count_left(row)
                 self._fail(row.request_id, "engine_error", f"decode failed: {exc}")
             return
         self._emit(batch, steps)
@@ -364,11 +372,11 @@ class _Requests:
             if step.token_ids or step.text:
                 chunk = TokenChunk(row.request_id, step.token_ids, step.text, step.logprobs)
                 self._link.send(chunk)
+                if row.tool_text is not None:
+                    row.tool_text.add(step.text)
             if step.finish_reason is not None:
                 self._leave(batch, row)
-                self._link.send(
-                    Finished(row.request_id, step.finish_reason, row.usage(), row.out.stop_sequence)
-                )
+                self._link.send(finished(row, step.finish_reason))
 
     def _leave(self, batch: Batch, row: Row) -> None:
         """Take a finished or cancelled ``row`` out of ``batch``, keeping its KV state in the
@@ -379,6 +387,33 @@ class _Requests:
         if own is not None:
             self.prefix.store(row.tokens[: row.fed], own)
         self._release(row)
+        self._count_left(row)
+
+    def _count_left(self, row: Row) -> None:
+        spec = row.speculation
+        self.totals.request_left(None if spec is None else spec.controller.statistics())
+
+    def stats(self) -> EngineStats | None:
+        """The engine counters if they changed since the last call that returned them (the
+        link asks once per heartbeat)."""
+        running = [p.row for p in self.prefills] + [r for b in self.batches for r in b.rows]
+        live = (r.speculation.controller.statistics() for r in running if r.speculation)
+        spec = self.totals.with_running(live)
+        stats = EngineStats(
+            speculation_verify_steps=spec.verify_steps,
+            speculation_plain_steps=spec.plain_steps,
+            speculation_drafted=spec.drafted,
+            speculation_accepted=spec.accepted,
+            prefix_hits=self.prefix.hits,
+            prefix_reused_tokens=self.prefix.reused_tokens,
+            prefix_bytes=self.prefix.nbytes,
+            prefix_entries=len(self.prefix),
+            kv_capacity_bytes=self.budget.capacity,
+            kv_reserved_bytes=self.budget.used,
+            running=len(running),
+            queued=len(self.queued),
+        )
+        return self.totals.changed(stats)
 
     def cancel(self, request_id: str) -> None:
         for job in self.embeds:
@@ -409,6 +444,13 @@ class _Requests:
 
     def _fail(self, request_id: str, reason: str, message: str) -> None:
         self._link.send(RequestFailed(request_id, reason, shorten(message)))
+
+
+def finished(row: Row, reason: FinishReason) -> Finished:
+    """The ``Finished`` that ends ``row``, with the tool calls its model's parser read from
+    its text when it offered tools (:mod:`skulk.runner._tool_parse`)."""
+    frame = Finished(row.request_id, reason, row.usage(), row.out.stop_sequence)
+    return frame if row.tool_text is None else row.tool_text.finish(frame)
 
 
 def _die_with_parent(parent_pid: int) -> None:

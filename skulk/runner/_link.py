@@ -30,6 +30,7 @@ from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, WireError
 from skulk.wire.runner import (
     CollectiveTrace,
+    EngineStats,
     Finished,
     FromRunner,
     Heartbeat,
@@ -51,7 +52,8 @@ class Link:
     """Blocking frame I/O over the socket inherited from the node, and the heartbeat clock.
 
     Frames are written under a lock (the main thread, and the collective watchdog's last
-    words). ``trace``, when set, is asked for a ``CollectiveTrace`` with every heartbeat.
+    words). ``trace``, when set, is asked for a ``CollectiveTrace`` with every heartbeat, and
+    ``stats`` for ``EngineStats`` (``None``: nothing changed).
     Token chunks may be held up to about ``hold`` seconds (see the module doc; 0: never)."""
 
     def __init__(self, sock: socket.socket, heartbeat_interval: float, hold: float = HOLD) -> None:
@@ -62,6 +64,7 @@ class Link:
         self._seq = 0
         self.inbox: queue.Queue[object] = queue.Queue()  # frames, Prepared prompts, EOF
         self.trace: Callable[[], CollectiveTrace | None] | None = None
+        self.stats: Callable[[], EngineStats | None] | None = None
         self._hold = hold
         self._held: dict[str, list[TokenChunk]] = {}  # request id → its chunks not written yet
         self._sent: dict[str, int] = {}  # request id → its chunks written at once so far
@@ -137,6 +140,8 @@ class Link:
         self.send(Heartbeat(seq=self._seq, rss_bytes=rss(), mlx_active_bytes=mlx_active()))
         if self.trace is not None and (trace := self.trace()) is not None:
             self.send(trace)
+        if self.stats is not None and (stats := self.stats()) is not None:
+            self.send(stats)
 
     def next_frame(self, block: bool) -> object | None:
         """The next frame; when ``block``, wait for one (after writing what is held), beating

@@ -75,6 +75,7 @@ from skulk.wire.runner import (
     CollectiveTrace,
     Embed,
     Embedded,
+    EngineStats,
     Finished,
     FromRunner,
     Generate,
@@ -158,6 +159,7 @@ class Runner:
         self._tokens_out = 0
         self._cancelled = 0
         self._memory: tuple[int, int] | None = None
+        self._engine_stats: EngineStats | None = None
         self._exit_code: int | None = None
         self._proc: trio.Process | None = None
 
@@ -179,6 +181,11 @@ class Runner:
             exit_code=self._exit_code,
             failure=str(self.failure) if self.failure else None,
         )
+
+    def engine_statistics(self) -> EngineStats | None:
+        """The runner's latest engine counters (speculation, prefix cache, KV budget), as it
+        last sent them; ``None`` until it sends one (a sharded rank, an older runner never)."""
+        return self._engine_stats
 
     def flight_events(self) -> tuple[FlightEvent, ...]:
         return self.recorder.events()
@@ -470,11 +477,13 @@ class Runner:
             raise ProtocolError(f"unexpected {type(frame).__name__} while {phase}")
 
     def _background(self, frame: FromRunner, failed: Callable[[str, str], RunnerError]) -> bool:
-        """Handle a frame that may come at any time (heartbeat, collective trace) and return
-        True, or raise the failure a frame reports (``failed`` makes one for a
+        """Handle a frame that may come at any time (heartbeat, engine stats, collective
+        trace) and return True, or raise the failure a frame reports (``failed`` makes one for a
         ``RunnerFailed`` that is not a compute-group failure); False for any other frame."""
         if isinstance(frame, Heartbeat):
             self._heartbeat(frame)
+        elif isinstance(frame, EngineStats):
+            self._engine_stats = frame
         elif isinstance(frame, CollectiveTrace):
             self._trace(frame.entries, frame.dropped)
         elif isinstance(frame, CollectiveTimeout):

@@ -63,11 +63,14 @@ class RouteKeepalive:
 @attrs.frozen
 class RouteEnd:
     """The generation finished: the end of the stream. ``stop_sequence``: the stop string
-    that ended it, if one did."""
+    that ended it, if one did; ``tool_calls`` and ``content``: the runner's parse of the
+    answer's tool calls (see :class:`~skulk.wire.runner.Finished`)."""
 
     finish_reason: _runner.FinishReason
     usage: _runner.Usage
     stop_sequence: str | None = None
+    tool_calls: tuple[_runner.ToolCall, ...] = ()
+    content: str | None = None
 
 
 @attrs.frozen

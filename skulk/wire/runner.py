@@ -4,8 +4,8 @@ Parent → runner: :class:`Load`, :class:`Generate`, :class:`Tokenize`, :class:`
 :class:`Cancel`, :class:`Shutdown`.
 Runner → parent: :class:`Hello`, :class:`LoadProgress`, :class:`Loaded`, :class:`WarmedUp`,
 :class:`TokenChunk`, :class:`Finished`, :class:`Tokenized`, :class:`Embedded`,
-:class:`RequestFailed`, :class:`RunnerFailed`,
-:class:`Heartbeat`, and for one rank of a sharded instance :class:`GroupJoining`,
+:class:`RequestFailed`, :class:`RunnerFailed`, :class:`Heartbeat`, :class:`EngineStats`,
+and for one rank of a sharded instance :class:`GroupJoining`,
 :class:`GroupJoined`, :class:`CollectiveTrace`, :class:`CollectiveTimeout`.
 
 A conversation: the runner starts and sends ``Hello``; the parent checks the protocol version and
@@ -20,7 +20,8 @@ end of an active request, or, for an id the runner does not know (the request en
 Cancel was on its way), an acknowledgement with zero usage; the parent clears its cancel
 deadline on that answer only. ``Shutdown`` asks the runner to exit cleanly. The runner sends
 ``Heartbeat`` every heartbeat interval from its main loop (idle, or between decode/prefill
-steps), so silence means it is wedged, not merely busy.
+steps), so silence means it is wedged, not merely busy; with a heartbeat it sends
+``EngineStats`` when its engine counters changed (an older runner never does).
 
 A rank of a sharded instance (``Load.shard`` set) first forms the instance's compute group: it
 sends ``GroupJoining`` right before it starts joining and ``GroupJoined`` once every rank is in,
@@ -289,12 +290,17 @@ class TokenChunk:
 @attrs.frozen
 class Finished:
     """A request ended; ``stop_sequence``: the stop string that ended it, when one did
-    (``finish_reason`` is then ``stop``)."""
+    (``finish_reason`` is then ``stop``). ``tool_calls``: the calls the model's own mlx-lm
+    tool parser read from the answer of a request that offered tools (an ``id`` empty when the
+    model gave none), with ``content`` the text without the call blocks; none (and ``content``
+    ``None``) when nothing was read — see :mod:`skulk.runner._tool_parse`."""
 
     request_id: str
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str | None = None
 
 
 @attrs.frozen
@@ -340,6 +346,41 @@ class Heartbeat:
     seq: int
     rss_bytes: int
     mlx_active_bytes: int
+
+
+@attrs.frozen
+class EngineStats:
+    """A serving runner's engine counters, sent with a heartbeat when any changed since the
+    last one (at most one per heartbeat interval; a rank of a sharded instance sends none).
+
+    Cumulative since the runner started: ``speculation_*`` (n-gram speculative decoding, every
+    request's, those still running included): forward passes that checked a draft
+    (``verify_steps``) or fed one token (``plain_steps``) while a request ran alone, draft
+    tokens checked (``drafted``) and kept (``accepted``); ``prefix_hits`` prompts that reused
+    kept KV state, ``prefix_reused_tokens`` prompt tokens not computed thanks to it.
+    Current: ``prefix_bytes`` / ``prefix_entries`` the prefix cache holds; ``kv_capacity_bytes``
+    the KV budget and ``kv_reserved_bytes`` what admitted requests reserve of it; ``running``
+    requests admitted (prefilling or decoding), ``queued`` waiting for KV room."""
+
+    speculation_verify_steps: int
+    speculation_plain_steps: int
+    speculation_drafted: int
+    speculation_accepted: int
+    prefix_hits: int
+    prefix_reused_tokens: int
+    prefix_bytes: int
+    prefix_entries: int
+    kv_capacity_bytes: int
+    kv_reserved_bytes: int
+    running: int
+    queued: int
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Draft tokens kept per draft token checked; ``None`` while nothing was drafted."""
+        if self.speculation_drafted == 0:
+            return None
+        return self.speculation_accepted / self.speculation_drafted
 
 
 @attrs.frozen
@@ -402,6 +443,7 @@ FromRunner = (
     | RequestFailed
     | RunnerFailed
     | Heartbeat
+    | EngineStats
     | GroupJoining
     | GroupJoined
     | CollectiveTrace

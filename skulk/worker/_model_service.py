@@ -39,6 +39,7 @@ from skulk.wire.runner import (
     ShardSpec,
     Tokenize,
     Tokenized,
+    ToolCall,
     Usage,
 )
 from skulk.worker._coalesce import coalesce
@@ -87,11 +88,15 @@ class ModelStatus:
 
 @attrs.frozen
 class Generation:
-    """How a finished generation ended; ``stop_sequence``: the stop string that ended it."""
+    """How a finished generation ended; ``stop_sequence``: the stop string that ended it;
+    ``tool_calls`` and ``content``: the runner's parse of its tool calls
+    (:class:`~skulk.wire.runner.Finished`)."""
 
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str | None = None
 
 
 @attrs.frozen
@@ -312,7 +317,13 @@ class ModelService:
                     elif delta.finish_reason == "cancelled":  # cancelled by someone else
                         raise RequestFailure("cancelled", "the request was cancelled")
                     else:
-                        yield Generation(delta.finish_reason, delta.usage, delta.stop_sequence)
+                        yield Generation(
+                            delta.finish_reason,
+                            delta.usage,
+                            delta.stop_sequence,
+                            delta.tool_calls,
+                            delta.content,
+                        )
                         return
         except RunnerError as exc:
             raise RequestFailure(exc.reason, exc.message) from exc

@@ -31,6 +31,7 @@ from skulk.wire.runner import (
     Cancel,
     ChatMessage,
     ChatPrompt,
+    EngineStats,
     Finished,
     FromRunner,
     Generate,
@@ -278,7 +279,8 @@ class Child:
         self.sock.sendall(TO_RUNNER.pack(frame))
 
     def next(self, patience: int = 200) -> FromRunner:
-        """The next frame other than a heartbeat; fails after ``patience`` heartbeats."""
+        """The next frame other than a heartbeat (or the engine counters sent with one); fails
+        after ``patience`` heartbeats."""
         beats = 0
         while True:
             while not self.ready:
@@ -286,6 +288,8 @@ class Child:
                 assert data, "the runner closed its socket"
                 self.ready.extend(self.reader.feed(data))
             frame = self.ready.pop(0)
+            if isinstance(frame, EngineStats):
+                continue
             if not isinstance(frame, Heartbeat):
                 self.seen.append(frame)
                 return frame
