@@ -28,12 +28,16 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 52415
 DEFAULT_MODEL = "skulk-demo"
 _RUNNER = RunnerConfig()
-#: Without --compute-ports a node offers this many ports, starting this far above its
-#: federation port (53416-53447 for the default --listen): nodes on one machine listen on
-#: different federation ports, so their default ranges differ too, and the leader never gives
-#: one address (host:port) to two ranks anyway.
+#: Without --compute-ports a node offers :data:`COMPUTE_PORTS_COUNT` ports starting this far
+#: above its federation port, wrapped into ``COMPUTE_PORTS_FLOOR``-``COMPUTE_PORTS_CEILING``
+#: (21703-21734 for the default --listen; see :func:`default_compute_ports`).
 COMPUTE_PORTS_OFFSET = 1000
 COMPUTE_PORTS_COUNT = 32
+#: Default compute ports lie in this range: above the privileged ports, and below every
+#: kernel's ephemeral range (Linux usually 32768-60999, macOS/BSD/Windows 49152-65535), where an
+#: outgoing connection may hold a port a rank then cannot bind (``group_connect_failed``).
+COMPUTE_PORTS_FLOOR = 1024
+COMPUTE_PORTS_CEILING = 32767
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
@@ -79,11 +83,24 @@ LINK_HEARTBEAT = 1.0
 
 def default_compute_ports(federation_port: int) -> tuple[int, int]:
     """The compute ports a node offers without --compute-ports: :data:`COMPUTE_PORTS_COUNT`
-    ports from ``federation_port + COMPUTE_PORTS_OFFSET`` (below the federation port instead
-    when that would pass 65535)."""
-    first = federation_port + COMPUTE_PORTS_OFFSET
-    if first + COMPUTE_PORTS_COUNT - 1 > 65535:
-        first = max(1024, federation_port - COMPUTE_PORTS_OFFSET - COMPUTE_PORTS_COUNT)
+    ports from ``federation_port + COMPUTE_PORTS_OFFSET``, wrapped (modulo the number of
+    possible first ports) into :data:`COMPUTE_PORTS_FLOOR`-:data:`COMPUTE_PORTS_CEILING`.
+
+    So the range never lies in a kernel's ephemeral range, whatever the federation port (the
+    default 52416 gives 21703-21734; an OS-picked one such as 53416 gives 22703-22734), and
+    never holds the federation port itself; a federation port up to 31736 keeps the plain
+    ``+ 1000`` (8000 gives 9000-9031). It is a pure function of the federation port, so nodes on
+    one machine (which listen on different federation ports) get disjoint ranges whenever their
+    federation ports differ by at least :data:`COMPUTE_PORTS_COUNT` and by at least that much
+    less than the span the wrap repeats over (31713 ports): so for any two OS-picked federation
+    ports that far apart (Linux's and macOS's whole ephemeral ranges are narrower than the
+    span), and any two in 1024-31736. Where ranges do overlap, or a range holds another
+    service's port, nothing breaks silently: placement never gives one ``host:port`` to two
+    ranks, and a rank whose port is taken fails ``group_connect_failed`` and is re-placed."""
+    # how many first ports keep the whole range within FLOOR-CEILING
+    span = COMPUTE_PORTS_CEILING - COMPUTE_PORTS_COUNT + 2 - COMPUTE_PORTS_FLOOR
+    shifted = federation_port + COMPUTE_PORTS_OFFSET - COMPUTE_PORTS_FLOOR
+    first = COMPUTE_PORTS_FLOOR + shifted % span
     return first, first + COMPUTE_PORTS_COUNT - 1
 
 
@@ -460,8 +477,9 @@ OPTIONS: tuple[Option, ...] = (
            "disables (default: 6)", _count),
     Option("compute_ports", str,
            "LO-HI: ports this node's runners may listen on for pipeline/tensor compute "
-           f"groups (default: {COMPUTE_PORTS_COUNT} ports from the federation port + "
-           f"{COMPUTE_PORTS_OFFSET})", _port_range),
+           f"groups; keep them outside the kernel's ephemeral port range (default: "
+           f"{COMPUTE_PORTS_COUNT} ports from the federation port + {COMPUTE_PORTS_OFFSET}, "
+           f"wrapped into {COMPUTE_PORTS_FLOOR}-{COMPUTE_PORTS_CEILING})", _port_range),
     Option("compute_host", str,
            "host the other nodes reach this node's compute ports at (default: the --listen "
            "host; the hostname when it is a wildcard)", _host),

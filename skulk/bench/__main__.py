@@ -1,6 +1,6 @@
 """``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--stream-interval S]
-[--home DIR]`` and ``python -m skulk.bench raft [--json] [--clients N] [--duration S]
-[--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
+[--speculative-tokens N] [--home DIR]`` and ``python -m skulk.bench raft [--json] [--clients N]
+[--duration S] [--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
 [--baseline-no-fsync]`` and ``python -m skulk.bench placement [--json] [--nodes N]
 [--repeats N]`` and ``python -m skulk.bench cluster [--json] [--max-tokens N] [--repeats N]
 [--node-down-after S]`` and ``python -m skulk.bench distributed [--json] [--rounds N]
@@ -34,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="pass --stream-interval to the node (default: the node's own default)",
+    )
+    serve.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=None,
+        help="pass --speculative-tokens to the node (0: plain decoding, to compare per-token "
+        "overhead alone; default: the node's own default)",
     )
     serve.add_argument(
         "--home", type=Path, default=None, help="data dir to use (default: a temporary one)"
@@ -125,7 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     from skulk.bench._serve import run, table
 
     return _emit(
-        run(args.max_tokens, args.repeats, args.home, args.stream_interval), args.json, table
+        run(
+            args.max_tokens,
+            args.repeats,
+            args.home,
+            args.stream_interval,
+            args.speculative_tokens,
+        ),
+        args.json,
+        table,
     )
 
 

@@ -101,11 +101,19 @@ def through_api(http: httpx.Client, max_tokens: int) -> Callable[[], Run]:
 
 
 def run(
-    max_tokens: int, repeats: int, home: Path | None, stream_interval: float | None = None
+    max_tokens: int,
+    repeats: int,
+    home: Path | None,
+    stream_interval: float | None = None,
+    speculative_tokens: int | None = None,
 ) -> dict[str, object]:
     from skulk.models import ensure_demo_model
 
-    node_args = () if stream_interval is None else ("--stream-interval", str(stream_interval))
+    node_args: list[str] = []
+    if stream_interval is not None:
+        node_args += ["--stream-interval", str(stream_interval)]
+    if speculative_tokens is not None:
+        node_args += ["--speculative-tokens", str(speculative_tokens)]
     with tempfile.TemporaryDirectory(prefix="skulk-bench-") as tmp:
         home = home or Path(tmp)
         baseline = in_process(ensure_demo_model(home), max_tokens)
@@ -126,6 +134,7 @@ def run(
         "max_tokens": max_tokens,
         "repeats": repeats,
         "stream_interval": stream_interval,
+        "speculative_tokens": speculative_tokens,
         "tokens": min(r.tokens for r in our_runs),
         "tokens_per_s_ratio": round(med(o.tokens_per_s / b.tokens_per_s for b, o in pairs), 3),
         "ttft_ratio": round(med(o.ttft_s / b.ttft_s for b, o in pairs), 3),

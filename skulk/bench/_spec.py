@@ -1,8 +1,8 @@
 """``python -m skulk.bench spec``: speculative decoding (n-gram proposer) vs plain decoding,
 in process, on the demo model.
 
-Each case generates the same request both ways: plain is the engine's own
-:class:`~skulk.runner._engine.Generation`; speculative is
+Each case generates the same request both ways: plain is the runner's own single-row path
+(:func:`~skulk.runner._single.decode_alone`: a one-row batch, speculation off); speculative is
 :class:`~skulk.runner._speculate.SpeculativeDecoder` after the same prefill, its tokens fed
 through the same :class:`~skulk.runner._engine.TokenOutput` (so both pay for detokenizing). The
 two alternate (plain, speculative, plain, …) after a warm-up, so a noisy machine slows both
@@ -29,6 +29,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from skulk.runner._engine import Engine, TokenOutput
 from skulk.runner._sampling import Sampler
+from skulk.runner._single import decode_alone, warm_up
 from skulk.runner._speculate import (
     DEFAULT_SPECULATIVE_TOKENS,
     SpeculationController,
@@ -66,9 +67,9 @@ def cases(max_tokens: int) -> tuple[Case, ...]:
 def prefill(
     engine: Engine, tokens: list[int], params: SamplingParams
 ) -> tuple[list[Any], Sampler, mx.array]:
-    """``(cache, sampler, pending)`` after the prefill :class:`Generation` does for a prompt that
-    fits one chunk (every token but the last, then the last one, sampled): the same cache, key
-    and first token."""
+    """``(cache, sampler, pending)`` after the prefill :class:`~skulk.runner._batch.Prefill`
+    does for a prompt that fits one chunk (every token but the last, then the last one,
+    sampled): the same cache, key and first token."""
     model: Any = engine.model
     cache: list[Any] = make_prompt_cache(model)
     sampler = Sampler(params, engine.vocab_size)
@@ -104,11 +105,7 @@ def speculative_tokens(
 
 
 def plain_tokens(engine: Engine, tokens: list[int], params: SamplingParams) -> list[int]:
-    gen = engine.generation(tokens, params)
-    ids: list[int] = []
-    while gen.finish_reason is None:
-        ids.extend(gen.step().token_ids)
-    return ids
+    return [t for step in decode_alone(engine, tokens, params) for t in step.token_ids]
 
 
 def _case(engine: Engine, case: Case, rounds: int, max_draft: int) -> dict[str, object]:
@@ -165,7 +162,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="skulk-bench-spec-") as tmp:
         path = ensure_demo_model(home or Path(tmp))
         engine = Engine.load(Path(path), lambda done, total: None)
-        engine.warm_up()
+        warm_up(engine)
         results = {c.name: _case(engine, c, rounds, max_draft) for c in cases(max_tokens)}
     return {
         "model": "skulk-demo",

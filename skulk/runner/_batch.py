@@ -14,9 +14,10 @@ A request goes through two stages on the runner's main thread:
   cancelled (:meth:`Batch.remove`).
 
 The cache layout follows the number of rows. With one row the batch holds that request's plain
-single-row cache (mlx-lm's ``KVCache`` per layer) and decodes exactly as a lone
-:class:`~skulk.runner._engine.Generation` does: no padding, no mask, no copy — the single-stream
-path costs nothing extra. There, with ``speculative_tokens > 0``, n-gram speculative decoding
+single-row cache (mlx-lm's ``KVCache`` per layer) and decodes as mlx-lm's own single-stream loop
+does: no padding, no mask, no copy — the single-stream path costs nothing extra (it is the one
+single-row decode path: the warm-up and in-process references use it too, through
+:mod:`skulk.runner._single`). There, with ``speculative_tokens > 0``, n-gram speculative decoding
 (:class:`~skulk.runner._speculate.SpeculativeDecoder`) takes over; it drafts only while it
 measures that drafting pays, and :meth:`Batch.settle` hands the row back to plain decoding
 before another row joins (the same tokens either way: speculation is lossless). A second row
@@ -355,6 +356,14 @@ class KvBudget:
 def default_kv_budget(bytes_per_token: int, context_length: int, available: int) -> int:
     """The KV budget without ``--kv-cache-memory``: see :data:`DEFAULT_KV_FRACTION`."""
     return max(bytes_per_token * context_length, int(available * DEFAULT_KV_FRACTION))
+
+
+def kv_capacity(configured: int | None, bytes_per_token: int, context_length: int) -> int:
+    """A runner's KV budget in bytes: ``configured`` (``--kv-cache-memory``), else the default
+    (:func:`default_kv_budget`) of the memory available now."""
+    if configured is not None:
+        return configured
+    return default_kv_budget(bytes_per_token, context_length, available_memory())
 
 
 def available_memory() -> int:

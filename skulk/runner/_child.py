@@ -42,9 +42,8 @@ from skulk.runner._batch import (
     KvBudget,
     Prefill,
     Row,
-    available_memory,
     batchable,
-    default_kv_budget,
+    kv_capacity,
 )
 from skulk.runner._embed import EmbedJob, check_inputs, input_tokens
 from skulk.runner._engine import Engine, RequestError, Step
@@ -52,6 +51,7 @@ from skulk.runner._grammar import request_constraint
 from skulk.runner._link import EOF, Link
 from skulk.runner._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
+from skulk.runner._single import warm_up
 from skulk.runner._speculate import DEFAULT_SPECULATIVE_TOKENS
 from skulk.runner._stats import EngineTotals
 from skulk.runner._tool_parse import ToolText
@@ -130,7 +130,8 @@ def _load(link: Link, load: Load, faults: Faults) -> Engine:
     engine = Engine.load(path, progress)
     link.send(Loaded(model_id=load.model_id, context_length=engine.context_length))
     faults.hit("warm")
-    engine.warm_up()
+    speculative = load.speculative_tokens
+    warm_up(engine, DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative)
     link.send(WarmedUp())
     return engine
 
@@ -196,9 +197,7 @@ class _Requests:
         )
         self.embeds: deque[EmbedJob] = deque()  # tokenized Embed requests, one group a turn
         per_token = engine.kv_bytes_per_token
-        capacity = load.kv_cache_bytes
-        if capacity is None:
-            capacity = default_kv_budget(per_token, engine.context_length, available_memory())
+        capacity = kv_capacity(load.kv_cache_bytes, per_token, engine.context_length)
         self.budget = KvBudget(capacity, per_token, engine.context_length)
         self._max_queued = max(0, load.kv_waiting)
         fresh = engine.new_cache()

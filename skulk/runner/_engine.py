@@ -7,11 +7,13 @@ Two halves with different threading rules:
   :mod:`skulk.runner._prepare`), so a huge prompt never stops the other streams or the
   heartbeats. A prompt that cannot fit the context is refused before it is tokenized when the
   tokenizer allows a sound character bound (:mod:`skulk.runner._prompt_bound`).
-* Everything else is synchronous and runs on the runner's main thread. A :class:`Generation`
-  is one request decoded alone (the warm-up, tests); a serving runner batches its concurrent
-  requests into shared forward passes (:mod:`skulk.runner._batch`). Either way each request
-  owns its sampler and random key (so a seeded request gives the same tokens whatever else runs
-  beside it), its streaming detokenizer and its stop matcher (:class:`TokenOutput`).
+* Everything else is synchronous and runs on the runner's main thread. The decode loop is
+  :mod:`skulk.runner._batch`: a serving runner batches its concurrent requests into shared
+  forward passes, and a request alone takes the batch's single-row path (the warm-up, and the
+  references of tests and benchmarks, decode through that same path:
+  :mod:`skulk.runner._single`). Each request owns its sampler and random key (so a seeded
+  request gives the same tokens whatever else runs beside it), its streaming detokenizer and
+  its stop matcher (:class:`TokenOutput`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import mlx.core as mx
@@ -29,7 +31,8 @@ from mlx_lm.utils import load_model, load_tokenizer
 
 from skulk.runner._logprobs import PendingLogprobs, token_bytes
 from skulk.runner._prompt_bound import max_chars_per_token
-from skulk.runner._sampling import Sampler, check_params
+from skulk.runner._rows import kv_bytes_per_token
+from skulk.runner._sampling import check_params
 from skulk.runner._stops import StopMatcher
 from skulk.runner._tools import chat_inputs
 from skulk.wire.runner import (
@@ -42,7 +45,6 @@ from skulk.wire.runner import (
 )
 
 PREFILL_STEP = 512
-_async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
 DEFAULT_CONTEXT = 4096
 
 
@@ -67,7 +69,7 @@ class Step:
 
 
 class Engine:
-    """A loaded model and tokenizer, ready to start generations.
+    """A loaded model and tokenizer, ready to decode (see :mod:`skulk.runner._batch`).
 
     ``max_chars_per_token`` is the most characters of (rendered) prompt text one token can
     stand for, or ``None`` when the tokenizer's pipeline allows no sound bound; a prompt of
@@ -97,12 +99,7 @@ class Engine:
         if self._kv_bytes_per_token is None:
             cache = self.new_cache()
             self.model(mx.array([[0]]), cache=cache)
-            total = 0
-            for layer in cache:
-                for arr in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                    if isinstance(arr, mx.array) and arr.ndim == 4:
-                        total += arr.shape[1] * arr.shape[3] * arr.dtype.size
-            self._kv_bytes_per_token = max(1, total)
+            self._kv_bytes_per_token = kv_bytes_per_token(cache)
         return self._kv_bytes_per_token
 
     @classmethod
@@ -169,34 +166,6 @@ class Engine:
         if problem is not None:
             raise RequestError("invalid_request", problem)
 
-    def generation(
-        self, tokens: list[int], params: SamplingParams, tick: Callable[[], None] = lambda: None
-    ) -> Generation:
-        """Prefill ``tokens`` (from :meth:`tokenize`), calling ``tick()`` between chunks.
-        Structured output is refused here (``unsupported``): only the serving loop's rows
-        (:mod:`skulk.runner._batch`) carry a grammar constraint."""
-        self.check_params(params)
-        if params.json_schema is not None:
-            raise RequestError("unsupported", "structured output needs the batch decode loop")
-        return Generation(self, tokens, params, tick)
-
-    def start(
-        self, prompt: Prompt, params: SamplingParams, tick: Callable[[], None] = lambda: None
-    ) -> Generation:
-        """Tokenize and prefill on this thread (the warm-up, tests); refuses with
-        :class:`RequestError` what :meth:`check_params` or :meth:`tokenize` refuse."""
-        self.check_params(params)  # before tokenizing: the cheaper refusal first
-        return self.generation(self.tokenize(prompt), params, tick)
-
-    def warm_up(self) -> None:
-        """Run tiny generations, greedy and sampled (top-p, top-k), so the first real request
-        pays neither for lazy set-up nor for compiling the sampler."""
-        sampled = SamplingParams(temperature=1.0, top_p=0.9, top_k=8, seed=0, max_tokens=2)
-        for params in (SamplingParams(temperature=0.0, max_tokens=2), sampled):
-            gen = self.start(TextPrompt("warm up"), params)
-            while gen.step().finish_reason is None:
-                pass
-
 
 def _chars_per_token(tokenizer: TokenizerWrapper) -> int | None:
     """The sound characters-per-token bound for this tokenizer, if one is known: only for a
@@ -222,7 +191,8 @@ class TokenOutput:
     """What one request's sampled tokens become: token ids and text to emit, and when the
     request ends — an end-of-sequence token, a stop string, ``max_tokens`` or the context
     limit. Holds the request's streaming detokenizer and stop matcher; no mlx. Shared by the
-    single-process :class:`Generation` and the sharded loop (where rank 0 alone emits)."""
+    single-process batch (:class:`~skulk.runner._batch.Row`) and the sharded loop (where rank 0
+    alone emits)."""
 
     def __init__(
         self,
@@ -290,61 +260,3 @@ class TokenOutput:
             tail, stopped = self._stops.feed(self._detok.last_segment)
             text += tail if stopped else tail + self._stops.flush()
         return Step(ids, text, reason)
-
-
-class Generation:
-    """One request's decode state. ``step()`` yields one token per call until it finishes.
-
-    The next token is computed asynchronously while the current one is handed out, as mlx-lm's
-    own ``generate_step`` does, so the host and the device overlap.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        tick: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._engine = engine
-        self._out = TokenOutput(engine.tokenizer, params, len(prompt_tokens), engine.context_length)
-        self._sampler = Sampler(params, engine.vocab_size)
-        self._cache = make_prompt_cache(engine.model)
-        self._pending = self._prefill(mx.array(prompt_tokens), tick)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self._out.prompt_tokens
-
-    @property
-    def completion_tokens(self) -> int:
-        return self._out.completion_tokens
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return self._out.finish_reason
-
-    def _prefill(self, prompt: mx.array, tick: Callable[[], None]) -> mx.array:
-        while prompt.size > 1:
-            n = min(PREFILL_STEP, prompt.size - 1)
-            self._engine.model(prompt[:n][None], cache=self._cache)
-            mx.eval([c.state for c in self._cache])
-            prompt = prompt[n:]
-            tick()
-        nxt = self._forward(prompt)
-        _async_eval(nxt)
-        return nxt
-
-    def _forward(self, tokens: mx.array) -> mx.array:
-        logits = self._engine.model(tokens[None], cache=self._cache)[:, -1, :]
-        return self._sampler(logits)
-
-    def step(self) -> Step:
-        """Hand out the next token; the returned step has ``finish_reason`` set on the last."""
-        if self._out.finish_reason is not None:
-            raise RuntimeError("generation already finished")
-        current = self._pending
-        if not self._out.next_is_last:
-            self._pending = self._forward(current)
-            _async_eval(self._pending)
-        return self._out.feed(int(cast(int, current.item())), self._sampler.pop_logprobs())

@@ -110,16 +110,21 @@ async def open_local_group(
     config: RunnerConfig | None = None,
     *,
     faults: Mapping[int, str] | None = None,
+    kv_cache_bytes: Mapping[int, int] | None = None,
     wait_ready: bool = True,
 ) -> AsyncIterator[LocalGroup]:
-    """Run one runner per spec (``faults`` by rank overrides ``config.faults``); with
-    ``wait_ready``, yield once all are ready (raising the first failure otherwise). Every
-    runner is stopped when the block ends."""
+    """Run one runner per spec (``faults`` and ``kv_cache_bytes`` by rank override
+    ``config``'s); with ``wait_ready``, yield once all are ready (raising the first failure
+    otherwise). Every runner is stopped when the block ends."""
     base = config or RunnerConfig()
     group = LocalGroup([], [trio.Event() for _ in specs])
     group._scopes = [trio.CancelScope() for _ in specs]
     for spec in specs:
-        cfg = attrs.evolve(base, faults=(faults or {}).get(spec.rank, base.faults))
+        cfg = attrs.evolve(
+            base,
+            faults=(faults or {}).get(spec.rank, base.faults),
+            kv_cache_bytes=(kv_cache_bytes or {}).get(spec.rank, base.kv_cache_bytes),
+        )
         group.runners.append(
             Runner(model_id, model_path, cfg, on_phase=group._phase_changed, shard=spec)
         )

@@ -61,3 +61,16 @@ def sample_rows(logits: mx.array, samplers: Sequence[Sampler]) -> mx.array:
     if len(samplers) == 1:
         return samplers[0](logits)
     return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])
+
+
+def kv_bytes_per_token(cache: list[Any]) -> int:
+    """Bytes of KV state one token of one row takes in ``cache`` (a single-row or batch cache
+    that has seen at least one token): keys and values as the layers store them, so kv heads,
+    head dim and dtype are whatever the checkpoint says. Layers whose state does not grow per
+    token (recurrent state, quantized tuples) count nothing; at least 1."""
+    total = 0
+    for layer in cache:
+        for arr in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(arr, mx.array) and arr.ndim == 4:
+                total += arr.shape[1] * arr.shape[3] * arr.dtype.size
+    return max(1, total)

@@ -114,7 +114,7 @@ def _run(link: Link, load: Load, spec: ShardSpec, faults: Faults, load_timeout: 
         log_failure("could not load the shard", exc)
         link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
         return 2
-    loop = Lockstep(link, shard, engine, watchdog, faults)
+    loop = Lockstep(link, shard, engine, watchdog, faults, load, context)
     try:
         loop.barrier(max(load_timeout, spec.collective_timeout))
         link.send(Loaded(model_id=load.model_id, context_length=context))

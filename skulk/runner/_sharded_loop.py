@@ -26,6 +26,18 @@ sampling rank each row has its own sampler and random key, so a seeded request g
 tokens whatever runs beside it. At most :data:`~skulk.runner._lockstep.MAX_SLOTS` requests are
 open at once (one, for a model whose caches cannot be batched); more wait for a slot.
 
+**KV budget.** Every rank measures the KV bytes one token takes in its own layers' caches (at
+its first decode step, in the warm-up) and gives itself a budget, ``Load.kv_cache_bytes``
+(``--kv-cache-memory``) or the default fraction of the memory it has free (as one process
+does, :func:`~skulk.runner._batch.kv_capacity`). The block that says the warm-up is done makes
+every rank agree, in one ``all_min``, on the fewest tokens any rank's budget holds; rank 0 then
+admits requests against that many tokens exactly as one process does
+(:class:`~skulk.runner._batch.KvBudget`: a request reserves its prompt plus its most new
+tokens), so no rank can run out of memory for KV state. A request that does not fit waits in a
+FIFO of at most ``Load.kv_waiting`` (for room in the budget or for a slot), beyond which it
+fails ``kv_cache_full``; one that could never fit fails ``prompt_too_long`` or
+``max_tokens_too_large`` at once.
+
 **Cancel** frees the slot on every rank through the next block, before its decode step (rank 0
 answers the node at once), so a cancelled row leaves the batch within one step. **Shutdown**
 (or the node closing rank 0's link) is a block with the shutdown flag: every rank leaves; the
@@ -52,7 +64,7 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 
-from skulk.runner._batch import batchable
+from skulk.runner._batch import KvBudget, batchable, kv_capacity
 from skulk.runner._engine import PREFILL_STEP, Engine, RequestError, TokenOutput
 from skulk.runner._link import EOF, Link
 from skulk.runner._lockstep import (
@@ -66,21 +78,24 @@ from skulk.runner._lockstep import (
     encode,
 )
 from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
-from skulk.runner._rows import drop_row, join_rows
+from skulk.runner._rows import drop_row, join_rows, kv_bytes_per_token
 from skulk.runner._sampling import Sampler
 from skulk.runner._shard import Shard, TensorShard
+from skulk.runner._single import WARM_UP, WARM_UP_PROMPT
+from skulk.runner._stats import EngineTotals
 from skulk.runner._watchdog import CollectiveWatchdog, Note
 from skulk.runner.faults import Faults
 from skulk.wire.runner import (
     Cancel,
+    EngineStats,
     Finished,
     FinishReason,
     Generate,
+    Load,
     RequestFailed,
     RunnerFailed,
     SamplingParams,
     Shutdown,
-    TextPrompt,
     TokenChunk,
     Usage,
     WarmedUp,
@@ -92,11 +107,8 @@ IDLE_MIN_MS = 2
 IDLE_MAX_MS = 64
 #: A rank told to idle wakes this much before rank 0 said it would send the next block.
 IDLE_MARGIN = 0.001
-
-_WARM_UP = (
-    SamplingParams(temperature=0.0, max_tokens=2),
-    SamplingParams(temperature=1.0, top_p=0.9, top_k=8, seed=0, max_tokens=2),
-)
+#: The most tokens a rank's KV budget is said to hold in the ``all_min`` (an int32).
+KV_TOKENS_MAX = 2**31 - 1
 
 
 class CollectiveError(Exception):
@@ -124,6 +136,7 @@ class _Request:
     out: TokenOutput
     fed: int = 0
     last: int | None = None
+    reserved: int = 0  # KV bytes the budget holds for it once admitted
 
 
 class Lockstep:
@@ -136,6 +149,8 @@ class Lockstep:
         engine: Engine | None,
         watchdog: CollectiveWatchdog,
         faults: Faults,
+        load: Load,
+        context_length: int,
     ) -> None:
         self._link = link
         self._shard = shard
@@ -143,6 +158,9 @@ class Lockstep:
         self._engine = engine
         self._watchdog = watchdog
         self._faults = faults
+        self._load = load
+        self._context = context_length
+        self._kv_per_token: int | None = None  # of this rank's layers, measured when decoding
         self.step = 0
         self.slots: dict[int, _Slot] = {}
         self.rows: list[int] = []  # the slots in the decode batch, in row order
@@ -270,10 +288,25 @@ class Lockstep:
             work, back = self._shard.decode(tokens, self._cache, samplers)
             mx.eval(work)
             sampled = None if back is None else cast(list[int], back.tolist())
+        if self._kv_per_token is None:
+            self._kv_per_token = kv_bytes_per_token(self._cache)
         self._rows_decoded = len(slots)
         for slot in slots:
             slot.decodes += 1
         return {} if sampled is None else dict(zip(self.rows, sampled, strict=True))
+
+    def _agree_kv_tokens(self) -> int:
+        """The tokens of KV state every rank's budget holds (see the module doc): this rank's
+        budget over its bytes per token, the least of all ranks (a collective)."""
+        per_token = self._kv_per_token
+        if per_token is None:  # the warm-up decoded nothing (it failed): count nothing
+            log.warning("runner: no decode step measured the KV bytes per token")
+            per_token = 1
+        capacity = kv_capacity(self._load.kv_cache_bytes, per_token, self._context)
+        mine = mx.array([min(capacity // per_token, KV_TOKENS_MAX)], dtype=mx.int32)
+        with self._collective("all_min(kv budget)"):
+            least = mx.distributed.all_min(mine, group=self._shard.group)
+            return int(cast(int, least.item()))
 
     # ---- ranks > 0 --------------------------------------------------------------------------
 
@@ -304,6 +337,7 @@ class Lockstep:
                 self._link.send(RunnerFailed(reason="group_stopped", message=message))
                 return 0
             if control.warmed:
+                self._agree_kv_tokens()
                 self._link.send(WarmedUp())
             wait = control.idle_ms / 1000 - IDLE_MARGIN
             self._link.beat()
@@ -314,7 +348,8 @@ class Lockstep:
     def _lead(self) -> int:
         assert self._engine is not None
         most = MAX_SLOTS if batchable(self._shard.new_cache()) else 1
-        leader = _Leader(self._link, self._engine, self._faults, most)
+        leader = _Leader(self._link, self._engine, self._faults, most, self._load.kv_waiting)
+        self._link.stats = leader.stats
         leader.warm_up()
         wait = 0.0
         idle_ms = IDLE_MIN_MS
@@ -339,6 +374,9 @@ class Lockstep:
             if control.shutdown:
                 return 0
             if control.warmed:
+                tokens = self._agree_kv_tokens()
+                per_token = self._kv_per_token or 1
+                leader.open_budget(KvBudget(tokens * per_token, per_token, self._context))
                 self._link.send(WarmedUp())
             leader.advance(sampled)
             self._link.beat()
@@ -346,17 +384,28 @@ class Lockstep:
 
 
 class _Leader:
-    """Rank 0's bookkeeping: requests from the node, slots, what each step does, and the
-    frames that go back to the node. At most ``most`` slots are open at once."""
+    """Rank 0's bookkeeping: requests from the node, the KV budget, slots, what each step
+    does, and the frames that go back to the node.
 
-    def __init__(self, link: Link, engine: Engine, faults: Faults, most: int) -> None:
+    A tokenized request is *admitted* — its KV bytes reserved — when it fits the budget and at
+    most ``most`` requests are admitted; it then waits in ``_ready`` for the next block to open
+    a slot for it. Otherwise it waits in ``_queue`` (FIFO, at most ``max_waiting``), and is
+    admitted in order as requests close. Until every rank has agreed on the budget (after the
+    warm-up, :meth:`open_budget`) only the warm-up requests are admitted."""
+
+    def __init__(
+        self, link: Link, engine: Engine, faults: Faults, most: int, max_waiting: int
+    ) -> None:
         self._link = link
         self._engine = engine
         self._faults = faults
         self._most = most
+        self._max_waiting = max(0, max_waiting)
         self._preparer = PromptPreparer(engine.tokenize, link.inbox)
         self.waiting: dict[str, int] = {}  # request id → tokenizer job
-        self._queue: deque[_Request] = deque()
+        self.budget: KvBudget | None = None
+        self._ready: deque[_Request] = deque()  # admitted, each to open a slot
+        self._queue: deque[_Request] = deque()  # waiting for room: the budget or a slot
         self._open: dict[int, _Request] = {}
         self._prefilling: deque[int] = deque()  # open slots still prefilling, oldest first
         self._decoding: set[int] = set()  # open slots in the decode batch
@@ -366,14 +415,47 @@ class _Leader:
         self._warmed_due = False
         self._stopping = False
         self.protocol_error = False
+        self._totals = EngineTotals()
 
     def warm_up(self) -> None:
         """Queue the warm-up requests: greedy and sampled (top-p, top-k) generations, so the
         first real request pays neither for lazy set-up nor for compiling the sampler."""
-        tokens = self._engine.tokenize(TextPrompt("warm up"))
-        for params in _WARM_UP:
-            self._enqueue(None, tokens, params)
-        self._warming = len(_WARM_UP)
+        tokens = self._engine.tokenize(WARM_UP_PROMPT)
+        for params in WARM_UP:
+            self._ready.append(self._request(None, tokens, params))
+        self._warming = len(WARM_UP)
+
+    def open_budget(self, budget: KvBudget) -> None:
+        """Every rank agreed on ``budget``: refuse the queued requests that can never fit it,
+        and admit those that fit now."""
+        self.budget = budget
+        for req in list(self._queue):
+            if (refusal := budget.refusal(len(req.tokens), req.params.max_tokens)) is not None:
+                self._queue.remove(req)
+                assert req.request_id is not None  # the warm-up never waits here
+                self._fail(req.request_id, *refusal)
+        self._admit_waiting()
+
+    def stats(self) -> EngineStats | None:
+        """The KV budget and the requests, if they changed since the last call that returned
+        them (the link asks once per heartbeat); a sharded instance neither speculates nor
+        keeps prefixes. The budget is counted in rank 0's bytes."""
+        budget = self.budget or KvBudget(0, 1, 1)
+        stats = EngineStats(
+            speculation_verify_steps=0,
+            speculation_plain_steps=0,
+            speculation_drafted=0,
+            speculation_accepted=0,
+            prefix_hits=0,
+            prefix_reused_tokens=0,
+            prefix_bytes=0,
+            prefix_entries=0,
+            kv_capacity_bytes=budget.capacity,
+            kv_reserved_bytes=budget.used,
+            running=len(self._open),
+            queued=len(self._ready) + len(self._queue),
+        )
+        return self._totals.changed(stats)
 
     def handle(self, frame: object) -> None:
         if frame is EOF or isinstance(frame, Shutdown):
@@ -394,8 +476,8 @@ class _Leader:
         frees = tuple(self._to_free)
         self._to_free.clear()
         opening = None
-        if self._queue and self._free and len(self._open) < self._most:
-            req = self._queue.popleft()
+        if self._ready and self._free:
+            req = self._ready.popleft()
             slot = min(self._free)
             self._free.discard(slot)
             self._open[slot] = req
@@ -492,20 +574,63 @@ class _Leader:
             self._fail(req.request_id, *prepared.failure)
             return
         assert isinstance(req, Generate)  # the only job submitted here
-        self._enqueue(req.request_id, list(prepared.tokens), req.params)
+        request = self._request(req.request_id, list(prepared.tokens), req.params)
+        budget = self.budget
+        if budget is not None:
+            refusal = budget.refusal(len(request.tokens), req.params.max_tokens)
+            if refusal is not None:
+                self._fail(req.request_id, *refusal)
+                return
+        if not self._queue and self._room_for(request):
+            self._admit(request)
+        elif len(self._queue) < self._max_waiting:
+            self._queue.append(request)
+        else:
+            self._fail(
+                req.request_id,
+                "kv_cache_full",
+                f"the runner's KV cache is in use by {len(self._open) + len(self._ready)} "
+                f"requests and {len(self._queue)} more wait for it",
+            )
 
-    def _enqueue(self, rid: str | None, tokens: list[int], params: SamplingParams) -> None:
+    def _request(self, rid: str | None, tokens: list[int], params: SamplingParams) -> _Request:
         out = TokenOutput(self._engine.tokenizer, params, len(tokens), self._engine.context_length)
-        self._queue.append(_Request(rid, tokens, params, out))
+        return _Request(rid, tokens, params, out)
+
+    def _room_for(self, req: _Request) -> bool:
+        """Whether ``req`` can be admitted now: a slot to come and room in the budget."""
+        if self.budget is None or len(self._open) + len(self._ready) >= self._most:
+            return False
+        return self.budget.fits(self.budget.need(len(req.tokens), req.params.max_tokens))
+
+    def _admit(self, req: _Request) -> None:
+        assert self.budget is not None
+        req.reserved = self.budget.need(len(req.tokens), req.params.max_tokens)
+        self.budget.take(req.reserved)
+        self._ready.append(req)
+
+    def _release(self, req: _Request) -> None:
+        """Give ``req``'s KV bytes back, and admit the queued requests that now fit, in order."""
+        if self.budget is not None:
+            self.budget.release(req.reserved)
+        req.reserved = 0
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        while self._queue and self._room_for(self._queue[0]):
+            self._admit(self._queue.popleft())
 
     def _cancel(self, rid: str) -> None:
         found = self._find(rid)
         if found is not None:
             slot, req = found
-            if slot is None:
-                self._queue.remove(req)
-            else:
+            if slot is not None:
                 self._close(slot)
+            elif req in self._ready:
+                self._ready.remove(req)
+                self._release(req)
+            else:
+                self._queue.remove(req)
             usage = Usage(req.out.prompt_tokens, req.out.completion_tokens)
             self._link.send(Finished(rid, "cancelled", usage if slot is not None else Usage(0, 0)))
             return
@@ -517,18 +642,21 @@ class _Leader:
         for slot, req in self._open.items():
             if req.request_id == rid:
                 return slot, req
-        for req in self._queue:
+        for req in (*self._ready, *self._queue):
             if req.request_id == rid:
                 return None, req
         return None
 
     def _close(self, slot: int) -> None:
-        """Stop serving ``slot``; it is freed on every rank by the next block."""
-        self._open.pop(slot, None)
+        """Stop serving ``slot``; it is freed on every rank by the next block, and its KV
+        bytes go back to the budget."""
+        req = self._open.pop(slot, None)
         if slot in self._prefilling:
             self._prefilling.remove(slot)
         self._decoding.discard(slot)
         self._to_free.append(slot)
+        if req is not None:
+            self._release(req)
 
     def _finished(self, req: _Request, reason: FinishReason) -> None:
         if req.request_id is None:

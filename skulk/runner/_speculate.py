@@ -6,20 +6,20 @@ before. :class:`NGramProposer` finds the most recent earlier occurrence of the l
 and proposes what followed it; one forward pass over ``[pending, *draft]`` then checks the whole
 draft and yields up to ``len(draft) + 1`` tokens for about the price of one.
 
-**Contract of a speculative step** (:func:`speculative_step`, or :func:`start_verification`
-then :meth:`Verification.finish` to overlap the host with the device). Inputs: the model, its
-per-layer cache list, the request's :class:`~skulk.runner._sampling.Sampler`, ``pending`` (the
-latest sampled token, *not yet fed*: the cache holds every token before it — the invariant of
-:class:`~skulk.runner._engine.Generation`; an ``int`` or a ``(1,)`` mx array, possibly still
-being computed) and a non-empty ``draft``. It runs the model once on ``[pending, *draft]``
-(``k + 1`` positions), samples all ``k + 1`` rows with :meth:`Sampler.sample_ahead` — row ``i``
-with the subkey plain decoding would use for that position — and accepts drafts while
-``sample[i] == draft[i]``. It returns ``(accepted, next_pending)``: ``accepted`` the ``m``
-drafts kept (``0 <= m <= k``) and ``next_pending`` the sample at row ``m`` (the correction, or
-the bonus token when all ``k`` were kept); the sequence grew by ``[*accepted, next_pending]``
-after ``pending``. Afterwards the sampler's key has advanced ``m + 1`` times (as after
-``m + 1`` plain tokens) and the cache holds exactly the context up to ``accepted[-1]`` (it
-was trimmed by ``k - m``), so ``next_pending`` is the new pending token: the invariant holds.
+**Contract of a speculative step** (:func:`speculative_step`, or :func:`start_verification` then
+:meth:`Verification.finish` to overlap the host with the device). Inputs: the model, its per-layer
+cache list, the request's :class:`~skulk.runner._sampling.Sampler`, ``pending`` (the latest sampled
+token, *not yet fed*: the cache holds every token before it — the invariant of plain decoding,
+:class:`~skulk.runner._batch.Batch`'s single-row path; an ``int`` or a ``(1,)`` mx array, possibly
+still being computed) and a non-empty ``draft``. It runs the model once on ``[pending, *draft]``
+(``k + 1`` positions), samples all ``k + 1`` rows with :meth:`Sampler.sample_ahead` — row ``i`` with
+the subkey plain decoding would use for that position — and accepts drafts while
+``sample[i] == draft[i]``. It returns ``(accepted, next_pending)``: ``accepted`` the ``m`` drafts
+kept (``0 <= m <= k``) and ``next_pending`` the sample at row ``m`` (the correction, or the bonus
+token when all ``k`` were kept); the sequence grew by ``[*accepted, next_pending]`` after
+``pending``. Afterwards the sampler's key has advanced ``m + 1`` times (as after ``m + 1`` plain
+tokens) and the cache holds exactly the context up to ``accepted[-1]`` (it was trimmed by
+``k - m``), so ``next_pending`` is the new pending token: the invariant holds.
 
 **Why lossless.** At every drafted position the token sampled is the one plain decoding would
 have sampled there with the same key and the same context (the context *is* the same as long
@@ -385,9 +385,10 @@ class SpeculativeDecoder:
     """One request's single-row decode loop with speculation; what an engine's single-row path
     runs instead of plain steps when exactly one request is active.
 
-    Takes over from plain decoding's state (:class:`~skulk.runner._engine.Generation`'s
-    invariant): the cache holds the prompt and the tokens emitted so far, and ``pending`` is the
-    next sampled token, not yet fed nor returned (a ``(1,)`` array, may still be computing).
+    Takes over from plain decoding's state (the invariant of
+    :class:`~skulk.runner._batch.Batch`'s single-row path): the cache holds the prompt and the
+    tokens emitted so far, and ``pending`` is the next sampled token, not yet fed nor returned
+    (a ``(1,)`` array, may still be computing).
     ``tokens`` are appended to the proposer's history: with a fresh proposer, everything the
     cache holds; with one reused from an earlier spell, what was emitted since.
 
@@ -492,7 +493,7 @@ class SpeculativeDecoder:
             self._launch_plain(pending)
 
     def _launch_plain(self, pending: mx.array) -> None:
-        """Queue a plain forward pass after ``pending`` (what ``Generation`` does)."""
+        """Queue a plain forward pass after ``pending`` (what ``Batch``'s plain step does)."""
         logits = self._model(pending[None], cache=self._cache)[:, -1, :]
         self._lazy = self._sampler(logits)
         _async_eval(self._lazy)

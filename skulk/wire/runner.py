@@ -351,7 +351,8 @@ class Heartbeat:
 @attrs.frozen
 class EngineStats:
     """A serving runner's engine counters, sent with a heartbeat when any changed since the
-    last one (at most one per heartbeat interval; a rank of a sharded instance sends none).
+    last one (at most one per heartbeat interval; rank 0 of a sharded instance sends its KV
+    budget and requests, with zero speculation and prefix counters, the other ranks none).
 
     Cumulative since the runner started: ``speculation_*`` (n-gram speculative decoding, every
     request's, those still running included): forward passes that checked a draft

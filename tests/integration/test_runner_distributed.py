@@ -39,6 +39,7 @@ from skulk.runner import (
     shard_specs,
 )
 from skulk.runner._engine import Engine
+from skulk.runner._single import decode_alone
 from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,
@@ -93,14 +94,10 @@ def reference(model_dir: Path, prompt: Prompt, params: SamplingParams) -> list[i
     if key not in _references:
         if model_dir not in _engines:
             _engines[model_dir] = Engine.load(model_dir, lambda n, total: None)
-        gen = _engines[model_dir].start(prompt, params)
-        tokens: list[int] = []
-        while True:
-            step = gen.step()
-            tokens += step.token_ids
-            if step.finish_reason is not None:
-                break
-        _references[key] = tokens
+        engine = _engines[model_dir]
+        steps = list(decode_alone(engine, engine.tokenize(prompt), params))
+        assert steps[-1].finish_reason is not None
+        _references[key] = [t for step in steps for t in step.token_ids]
     return _references[key]
 
 
@@ -279,6 +276,56 @@ async def test_concurrent_requests_share_each_decode_step(
                 if e.kind == "collective" and e.detail.startswith("forward(decode) step ")
             ]
             assert len(steps) == len(set(steps)) > 0
+    assert all(r.failure is None for r in group.runners)
+
+
+async def test_requests_beyond_the_agreed_kv_budget_wait_then_overflow_is_refused(
+    models: dict[str, Path],
+) -> None:
+    """A sharded instance's KV budget is the fewest tokens any rank's budget holds: rank 1
+    (half the layers) has room for two requests, rank 0 plenty. Of six concurrent requests two
+    run, two wait and two are refused ``kv_cache_full``; the four served give what one process
+    gives. A request that could never fit is refused at once, naming ``max_tokens``; rank 0
+    reports the budget it admits against (in its own bytes) in its engine stats."""
+    model = models["llama"]
+    specs = shard_specs("pipeline", loopback_hosts(2), LAYERS)
+    engine = _engines.setdefault(model, Engine.load(model, lambda n, total: None))
+    prompt, params = PROMPTS[0], attrs.evolve(GREEDY, max_tokens=20)
+    prompt_tokens = len(engine.tokenize(prompt))
+    layers = [spec.end - spec.start for spec in specs]
+    per_token = [engine.kv_bytes_per_token * n // LAYERS for n in layers]
+    need = (prompt_tokens + 20) * per_token[1]
+    config = attrs.evolve(CONFIG, kv_waiting=2)
+    with trio.fail_after(180):
+        async with open_local_group(
+            "llama",
+            str(model),
+            specs,
+            config,
+            faults={1: "slow@decode:0.05"},  # all six arrive long before the first two end
+            kv_cache_bytes={0: 1 << 30, 1: 2 * need + need // 2},
+        ) as group:
+            rank0 = group.runners[0]
+            results: dict[str, tuple[list[int], object]] = {}
+
+            async def one(rid: str) -> None:
+                results[rid] = await generate(rank0, rid, prompt, params)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(one, f"r{i}")
+            huge = attrs.evolve(GREEDY, max_tokens=5 * need // per_token[1])
+            _, never = await generate(rank0, "huge", prompt, huge)
+            stats = rank0.engine_statistics()
+    refused = [last for _, last in results.values() if isinstance(last, RequestFailed)]
+    assert [e.reason for e in refused] == ["kv_cache_full"] * 2
+    served = [tokens for tokens, last in results.values() if isinstance(last, Finished)]
+    assert len(served) == 4
+    assert all(tokens == reference(model, prompt, params) for tokens in served)
+    assert isinstance(never, RequestFailed) and never.reason == "max_tokens_too_large"
+    assert "max_tokens" in never.message
+    tokens_held = (2 * need + need // 2) // per_token[1]
+    assert stats is not None and stats.kv_capacity_bytes == tokens_held * per_token[0]
     assert all(r.failure is None for r in group.runners)
 
 

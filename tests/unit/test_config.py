@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from skulk.config import DEFAULT_PORT, ServeConfig, add_serve_arguments, serve_config
+from skulk.config import (
+    COMPUTE_PORTS_COUNT,
+    DEFAULT_PORT,
+    ServeConfig,
+    add_serve_arguments,
+    default_compute_ports,
+    serve_config,
+)
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> ServeConfig:
@@ -122,14 +129,49 @@ def test_memory_limit_takes_sizes_with_suffixes() -> None:
 
 def test_compute_ports_default_from_the_federation_port_or_as_given() -> None:
     config = parse([])
+    # The default --listen, and an OS-picked port in the ephemeral range: wrapped below it.
+    assert config.compute_port_range(52416) == (21703, 21734)
+    assert config.compute_port_range(53416) == (22703, 22734)
     # Nodes on one machine listen on different federation ports: their ranges differ too.
-    assert config.compute_port_range(52416) == (53416, 53447)
-    assert config.compute_port_range(52426) == (53426, 53457)
-    assert config.compute_port_range(65000) == (63968, 63999)  # below, when above would pass
+    assert config.compute_port_range(52448) == (21735, 21766)
+    # A low federation port keeps the plain + 1000 while that stays below 32768 ...
+    assert config.compute_port_range(8000) == (9000, 9031)
+    assert config.compute_port_range(31736) == (32736, 32767)
+    # ... and wraps to the bottom (never below 1024) past it; so do the highest ports.
+    assert config.compute_port_range(31737) == (1024, 1055)
+    assert config.compute_port_range(65535) == (3109, 3140)
+    assert config.compute_port_range(1) == (32714, 32745)
     assert parse(["--compute-ports", "7000-7009"]).compute_port_range(52416) == (7000, 7009)
     for bad in ("7000", "7009-7000", "0-10", "7000-70000", "a-b", "7000:7009"):
         with pytest.raises(ValueError, match="--compute-ports"):
             parse(["--compute-ports", bad])
+
+
+def test_default_compute_ports_lie_below_every_ephemeral_range_and_miss_the_federation_port() -> (
+    None
+):
+    for port in range(1, 65536):
+        first, last = default_compute_ports(port)
+        assert last - first + 1 == COMPUTE_PORTS_COUNT
+        # Linux's ephemeral range starts at 32768 by default; macOS/BSD/Windows' at 49152.
+        assert 1024 <= first and last < 32768, port
+        assert not first <= port <= last, port
+
+
+def test_default_compute_ports_of_ports_a_range_apart_are_disjoint() -> None:
+    # Any two OS-picked federation ports (Linux's default ephemeral range, 32768-60999) at
+    # least COMPUTE_PORTS_COUNT apart give disjoint ranges: two nodes on one host never share
+    # a default compute port. All pairs, by sorting on the first port: two ranges overlap
+    # exactly when their first ports are less than COMPUTE_PORTS_COUNT apart.
+    by_first = sorted((default_compute_ports(port)[0], port) for port in range(32768, 61000))
+    overlapping = 0
+    for i, (first, port) in enumerate(by_first):
+        for other_first, other in by_first[i + 1 :]:
+            if other_first - first >= COMPUTE_PORTS_COUNT:
+                break
+            overlapping += 1
+            assert abs(other - port) < COMPUTE_PORTS_COUNT, (port, other)
+    assert overlapping > 0  # the check saw neighbours (ports 1-31 apart do overlap)
 
 
 def test_compute_host_defaults_to_the_listen_host_but_never_a_wildcard() -> None:

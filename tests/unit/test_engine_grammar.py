@@ -15,6 +15,7 @@ from skulk.grammar import schema_text, tool_call_schema
 from skulk.runner._engine import Engine, RequestError
 from skulk.runner._grammar import request_constraint
 from skulk.runner._prepare import Prepared
+from skulk.runner._single import decode_alone
 from skulk.wire.runner import Finished, Generate, Load, SamplingParams, TextPrompt
 from tests.unit.test_engine_batch import Loop, ids, models
 
@@ -123,11 +124,12 @@ def test_the_preparer_turns_a_refused_schema_into_a_request_failure(
     assert reason == "invalid_request" and "propertyNames" in message
 
 
-def test_the_single_request_generation_refuses_structured_output(
+def test_a_request_decoded_alone_outside_the_loop_refuses_structured_output(
     models: dict[str, Engine],
 ) -> None:
-    """Only the serving loop's rows carry a constraint: the warm-up/test path must not
-    silently ignore one."""
+    """Only the serving loop's preparer builds a row's constraint: the warm-up/test path
+    (:func:`decode_alone`) must not silently ignore one; it refuses at once."""
+    engine = models["demo"]
     with pytest.raises(RequestError) as caught:
-        models["demo"].start(TextPrompt("x"), constrained(PERSON))
+        decode_alone(engine, engine.tokenize(TextPrompt("x")), constrained(PERSON))
     assert caught.value.reason == "unsupported"

@@ -11,8 +11,10 @@ from mlx_lm.sample_utils import apply_top_k as mlx_lm_top_k
 from mlx_lm.sample_utils import apply_top_p as mlx_lm_top_p
 
 from skulk.models import ensure_demo_model
+from skulk.runner._batch import Row
 from skulk.runner._engine import Engine, RequestError
 from skulk.runner._sampling import apply_top_k, apply_top_p
+from skulk.runner._single import decode_alone
 from skulk.wire.runner import SamplingParams, TextPrompt
 
 
@@ -66,22 +68,19 @@ def test_new_top_p_values_do_not_compile_again(
 ) -> None:
     # mlx-lm's apply_top_p is compiled with top_p as a constant: each new value traced (and
     # compiled, ~1 s on a CPU, stalling every stream) again. Ours traces once per model.
+    prompt = engine.tokenize(TextPrompt("once upon a time"))
     for i in range(12):
         params = SamplingParams(top_p=0.5 + i / 37, seed=i, max_tokens=2)
-        gen = engine.start(TextPrompt("once upon a time"), params)
-        while gen.step().finish_reason is None:
-            pass
+        steps = list(decode_alone(engine, prompt, params))
+        assert steps[-1].finish_reason is not None
     assert len(sort_calls) <= 1
 
 
 def tokens(engine: Engine, params: SamplingParams, prompt: str = "once upon a time") -> list[int]:
-    gen = engine.start(TextPrompt(prompt), params)
-    out: list[int] = []
-    while True:
-        step = gen.step()
-        out.extend(step.token_ids)
-        if step.finish_reason is not None:
-            return out
+    """A request's tokens decoded alone, through the serving loop's single-row path."""
+    steps = list(decode_alone(engine, engine.tokenize(TextPrompt(prompt)), params))
+    assert steps[-1].finish_reason is not None
+    return [t for step in steps for t in step.token_ids]
 
 
 def test_seeded_requests_are_reproducible(engine: Engine) -> None:
@@ -115,9 +114,15 @@ def test_a_tiny_temperature_samples_greedily(engine: Engine) -> None:
     ids=["negative-temperature", "infinite-temperature", "nan-top_p", "max_tokens-0", "neg-max"],
 )
 def test_meaningless_parameters_are_refused(engine: Engine, params: SamplingParams) -> None:
-    with pytest.raises(RequestError) as info:
-        engine.start(TextPrompt("hi"), params)
-    assert info.value.reason == "invalid_request"
+    prompt = engine.tokenize(TextPrompt("hi"))
+    for refuse in (
+        lambda: engine.check_params(params),  # what the runner checks before tokenizing
+        lambda: Row.open(engine, "r", prompt, params),  # a row of the decode batch
+        lambda: decode_alone(engine, prompt, params),  # at once, not at the first step
+    ):
+        with pytest.raises(RequestError) as info:
+            refuse()
+        assert info.value.reason == "invalid_request"
 
 
 def test_filters_out_of_range_are_off(engine: Engine) -> None:

@@ -22,6 +22,7 @@ from skulk.models._generated import ModelShape, write_generated_model
 from skulk.runner._engine import Engine
 from skulk.runner._logprobs import LOGPROB_FLOOR, pending_logprobs
 from skulk.runner._sampling import Sampler
+from skulk.runner._single import decode_alone
 from skulk.runner._speculate import SpeculativeDecoder
 from skulk.runner.faults import Faults
 from skulk.wire.runner import (
@@ -148,13 +149,9 @@ def test_speculatively_accepted_tokens_get_the_same_logprobs(
 
 
 def test_single_row_generation_reports_logprobs(engine: Engine) -> None:
-    gen = engine.start(TextPrompt("hello there"), attrs.evolve(GREEDY, logprobs=0))
-    steps = []
-    while True:
-        step = gen.step()
-        steps.append(step)
-        if step.finish_reason is not None:
-            break
+    prompt = engine.tokenize(TextPrompt("hello there"))
+    steps = list(decode_alone(engine, prompt, attrs.evolve(GREEDY, logprobs=0)))
+    assert steps[-1].finish_reason is not None
     assert sum(len(s.logprobs) for s in steps) > 0
     for step in steps:
         assert len(step.logprobs) == len(step.token_ids)
@@ -205,7 +202,7 @@ def test_a_sharded_instance_refuses_logprobs(engine: Engine) -> None:
     from skulk.runner._sharded_loop import _Leader
 
     link = FakeLink()
-    leader = _Leader(link, engine, Faults(), most=2)  # type: ignore[arg-type]
+    leader = _Leader(link, engine, Faults(), most=2, max_waiting=2)  # type: ignore[arg-type]
     leader._accept(Generate("r", TextPrompt("hi"), GREEDY))
     (failed,) = link.sent
     assert isinstance(failed, RequestFailed) and failed.reason == "unsupported"
