@@ -2,10 +2,11 @@
 
 A request goes through two stages on the runner's main thread:
 
-* :class:`Prefill` computes its prompt into a cache of its own, one chunk of
-  :data:`~skulk.runner._engine.PREFILL_STEP` tokens per call, so the runner can run a decode step
-  of the running streams between two chunks of a long prompt (nothing stalls for a whole
-  prompt). Its last prompt token goes through the model alone and gives the first sampled token.
+* :class:`Prefill` computes its prompt into a cache of its own, one chunk of at most
+  :data:`~skulk.runner._engine.PREFILL_STEP` tokens per call (fewer on a slow model:
+  :class:`PrefillPacer`), so the runner can run a decode step of the running streams between
+  two chunks of a long prompt (nothing stalls for a whole prompt). Its last prompt token goes
+  through the model alone and gives the first sampled token.
 * :class:`Batch` then holds it as one row of the decode batch: every :meth:`Batch.step` feeds
   each row's pending token through one forward pass of the model and samples each row's next
   token with the row's own :class:`~skulk.runner._sampling.Sampler` (own key, temperature,
@@ -124,13 +125,14 @@ class Prefill:
         self._pos = start
         row.fed = start
 
-    def advance(self) -> mx.array | None:
-        """Compute the next chunk of the prompt; ``None`` while more remain, then the first
-        sampled token (shape ``(1,)``, computing asynchronously) once the whole prompt is in."""
+    def advance(self, most: int = PREFILL_STEP) -> mx.array | None:
+        """Compute the next chunk of the prompt (at most ``most`` tokens); ``None`` while more
+        remain, then the first sampled token (shape ``(1,)``, computing asynchronously) once
+        the whole prompt is in."""
         prompt = self.row.tokens[: self.row.out.prompt_tokens]
         remaining = len(prompt) - self._pos
         if remaining > 1:
-            n = min(PREFILL_STEP, remaining - 1)
+            n = max(1, min(most, remaining - 1))
             self._engine.model(mx.array(prompt[self._pos : self._pos + n])[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
             self._pos += n
@@ -145,6 +147,53 @@ class Prefill:
         _async_eval(first)
         self.row.fed = len(prompt)
         return first
+
+
+#: A prefill chunk aims to take about this long (see :class:`PrefillPacer`).
+PREFILL_TARGET_SECONDS = 0.25
+#: The fewest tokens a prefill chunk holds (while more remain), and the first chunk's size
+#: before anything was measured.
+PREFILL_LEAST = 16
+PREFILL_FIRST = 32
+
+
+class PrefillPacer:
+    """Sizes prefill chunks so that each takes about ``target`` seconds, from what earlier
+    chunks took per token (a moving average over the runner's chunks, so a model's speed is
+    learned once): a chunk is at most :data:`~skulk.runner._engine.PREFILL_STEP` tokens, and
+    fewer where the model is slow. On a fast model that is every chunk; on a slow one (a large
+    model on a CPU: 30 ms or more a token) a 512-token chunk would stall the running streams —
+    and the runner's loop, whose heartbeat proves it alive — for many seconds, long enough to
+    be taken for a wedged runner. Sans-IO: the caller times the chunks."""
+
+    def __init__(
+        self,
+        target: float = PREFILL_TARGET_SECONDS,
+        least: int = PREFILL_LEAST,
+        most: int = PREFILL_STEP,
+        first: int = PREFILL_FIRST,
+        smoothing: float = 0.5,
+    ) -> None:
+        self._target, self._least, self._most = target, least, most
+        self._first, self._smoothing = first, smoothing
+        self.seconds_per_token: float | None = None
+
+    def size(self) -> int:
+        """The most tokens the next chunk should compute."""
+        spt = self.seconds_per_token
+        if spt is None:
+            return self._first
+        if spt <= 0:
+            return self._most
+        return max(self._least, min(self._most, int(self._target / spt)))
+
+    def record(self, tokens: int, seconds: float) -> None:
+        """A chunk of ``tokens`` tokens took ``seconds``."""
+        if tokens <= 0:
+            return
+        spt = max(seconds, 0.0) / tokens
+        old = self.seconds_per_token
+        self.seconds_per_token = spt if old is None else old + self._smoothing * (spt - old)
 
 
 class Batch:

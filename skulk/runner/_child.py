@@ -41,6 +41,7 @@ from skulk.runner._batch import (
     Batch,
     KvBudget,
     Prefill,
+    PrefillPacer,
     Row,
     batchable,
     kv_capacity,
@@ -209,6 +210,7 @@ class _Requests:
         self.waiting: dict[str, int] = {}  # request id → job number of its tokenization
         self.queued: deque[tuple[Row, int]] = deque()  # (row, KV bytes it needs)
         self.prefills: deque[Prefill] = deque()
+        self.pacer = PrefillPacer()
         self.batches: list[Batch] = []  # one, unless the model's caches cannot be merged
         speculative = load.speculative_tokens
         self._speculative = DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative
@@ -316,15 +318,17 @@ class _Requests:
 
     def _prefill_chunk(self, prefill: Prefill) -> None:
         row = prefill.row
+        fed, started = row.fed, time.perf_counter()
         try:
-            first = prefill.advance()
+            first = prefill.advance(self.pacer.size())
         except Exception as exc:
             log_failure("could not start a request", exc)
             self.prefills.popleft()
             self._release(row)
             self._fail(row.request_id, "engine_error", f"prefill failed: {exc}")
             return
-        if first is None:
+        if first is None:  # a whole chunk, evaluated: its time is the model's prefill speed
+            self.pacer.record(row.fed - fed, time.perf_counter() - started)
             self._faults.hit("prefill", prefill.chunks)
             return
         self.prefills.popleft()

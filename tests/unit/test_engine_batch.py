@@ -19,7 +19,7 @@ import pytest
 
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
-from skulk.runner._batch import Batch, KvBudget, Prefill, Row, default_kv_budget
+from skulk.runner._batch import Batch, KvBudget, Prefill, PrefillPacer, Row, default_kv_budget
 from skulk.runner._child import _Requests
 from skulk.runner._engine import PREFILL_STEP, Engine, Step
 from skulk.runner._prefix_cache import PrefixCache
@@ -407,3 +407,38 @@ def test_cancel_reaches_a_request_in_prefill_and_one_waiting_for_the_budget(
         assert end.usage.completion_tokens == 0
     assert loop.tokens()["short"] == alone(engine, short, params)
     assert reqs.budget.used == 0 and not reqs.busy
+
+
+def test_the_prefill_pacer_keeps_chunks_near_their_target_time() -> None:
+    pacer = PrefillPacer(target=0.25, least=16, most=512, first=32, smoothing=0.5)
+    assert pacer.size() == 32  # nothing measured yet
+    pacer.record(32, 32 * 0.0001)  # a fast model: 0.1 ms a token
+    assert pacer.size() == 512
+    slow = PrefillPacer(target=0.25, least=16, most=512, first=32, smoothing=0.5)
+    slow.record(32, 32 * 0.033)  # a large model on a CPU: 33 ms a token
+    assert slow.size() == 16  # 0.25 s would be 7 tokens: the least
+    slow = PrefillPacer(target=0.25, least=4, most=512, first=32, smoothing=0.5)
+    slow.record(32, 32 * 0.033)
+    assert slow.size() == 7
+    slow.record(16, 16 * 0.005)  # it got faster (the machine got quiet): averaged
+    assert slow.size() == int(0.25 / ((0.033 + 0.005) / 2))
+    slow.record(0, 1.0)  # nothing computed: nothing learned
+    assert slow.size() == int(0.25 / ((0.033 + 0.005) / 2))
+
+
+def test_a_prefill_computes_at_most_the_chunk_it_is_given(models: dict[str, Engine]) -> None:
+    engine = models["demo"]
+    tokens = list(range(10, 110))  # 100 prompt tokens
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    whole = Row.open(engine, "a", tokens, params)
+    one = Prefill(engine, whole, engine.new_cache())
+    while (first_whole := one.advance()) is None:
+        pass
+    assert one.chunks == 1  # 99 tokens fit one default chunk
+    small = Row.open(engine, "b", tokens, params)
+    paced = Prefill(engine, small, engine.new_cache())
+    fed = []
+    while (first_small := paced.advance(16)) is None:
+        fed.append(small.fed)
+    assert fed == [16, 32, 48, 64, 80, 96, 99]
+    assert int(first_small.item()) == int(first_whole.item())  # the same first token
