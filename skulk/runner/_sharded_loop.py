@@ -10,8 +10,11 @@ tokens for one slot, and a decode step for every slot in the decode batch (with 
 one feeds). Then every rank runs that work (:mod:`skulk.runner._shard`): in a pipeline, rank 0
 embeds and the last rank samples and sends the tokens back to rank 0; in tensor mode rank 0
 samples. The tokens rank 0 learns go into the next block, so every rank sees the same tokens.
-A prompt is prefilled in the same chunks as in one process (all but its last token; the last
-one is fed by the slot's first decode step, which yields its first new token).
+A prompt is prefilled in chunks sized as in one process (at most ``PREFILL_STEP``, fewer on a
+slow model: rank 0's :class:`~skulk.runner._batch.PrefillPacer`, from the time its own share of
+each chunk took, times the world for a pipeline, so no chunk nears ``collective_timeout``); all
+but its last token: the last one is fed by the slot's first decode step, which yields its first
+new token.
 
 **Continuous batching.** Every rank keeps one decode batch of its own layers' KV caches
 (:mod:`skulk.runner._rows`: one row is a plain cache, more are mlx-lm batch caches), rows in
@@ -57,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, cast
@@ -64,7 +68,7 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 
-from skulk.runner._batch import KvBudget, batchable, kv_capacity
+from skulk.runner._batch import KvBudget, PrefillPacer, batchable, kv_capacity
 from skulk.runner._engine import PREFILL_STEP, Engine, RequestError, TokenOutput
 from skulk.runner._link import EOF, Link
 from skulk.runner._lockstep import (
@@ -161,6 +165,7 @@ class Lockstep:
         self._load = load
         self._context = context_length
         self._kv_per_token: int | None = None  # of this rank's layers, measured when decoding
+        self._pacer: PrefillPacer | None = None  # rank 0's: sizes the prefill chunks
         self.step = 0
         self.slots: dict[int, _Slot] = {}
         self.rows: list[int] = []  # the slots in the decode batch, in row order
@@ -248,6 +253,7 @@ class Lockstep:
         return found
 
     def _prefill(self, c: Chunk, slot: _Slot, chunk: list[int] | None) -> None:
+        started = time.perf_counter()
         with self._collective("forward(prefill)"):
             if isinstance(self._shard, TensorShard):  # every rank embeds: share the tokens
                 buf = [0] * PREFILL_STEP
@@ -260,6 +266,9 @@ class Lockstep:
             else:  # a later pipeline rank: only the shape matters, the hidden state comes in
                 tokens = mx.zeros((1, c.n), dtype=mx.int32)
             mx.eval(self._shard.prefill(tokens, slot.cache))
+        if self._pacer is not None:  # rank 0: a pipeline's other ranks take about as long each
+            share = self._spec.world if self._spec.sharding == "pipeline" else 1
+            self._pacer.record(c.n, (time.perf_counter() - started) * share)
         slot.chunks += 1
         self._faults.hit("prefill", slot.chunks)
 
@@ -350,6 +359,7 @@ class Lockstep:
         most = MAX_SLOTS if batchable(self._shard.new_cache()) else 1
         leader = _Leader(self._link, self._engine, self._faults, most, self._load.kv_waiting)
         self._link.stats = leader.stats
+        self._pacer = leader.pacer
         leader.warm_up()
         wait = 0.0
         idle_ms = IDLE_MIN_MS
@@ -416,6 +426,7 @@ class _Leader:
         self._stopping = False
         self.protocol_error = False
         self._totals = EngineTotals()
+        self.pacer = PrefillPacer()
 
     def warm_up(self) -> None:
         """Queue the warm-up requests: greedy and sampled (top-p, top-k) generations, so the
@@ -489,7 +500,7 @@ class _Leader:
         while self._prefilling and prefill is None:
             slot = self._prefilling[0]
             req = self._open[slot]
-            n = min(PREFILL_STEP, len(req.tokens) - 1 - req.fed)
+            n = min(self.pacer.size(), len(req.tokens) - 1 - req.fed)
             if n > 0:
                 prefill, chunk = Chunk(slot, n), req.tokens[req.fed : req.fed + n]
                 req.fed += n
