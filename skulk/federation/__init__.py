@@ -55,8 +55,20 @@ the single consumer of ``mesh.events``)::
 
 See :mod:`skulk.federation._gossip` for the rounds, the replies and what is skipped.
 :class:`FetchBoard` collects this node's weight fetches in progress for its readings.
+
+Requests waiting for the data stream a peer opens to answer them, each claimed by the request
+id in its header (for a protocol whose stream handler is ``claims.handle_stream``)::
+
+    from skulk.federation import StreamClaims, StreamClaim
+
+    async with claims.expect(request_id, peer) as claim:
+        ...  # the rpc that asks for the stream
+        receiver = await claim.wait(link, timeout)
+
+See :mod:`skulk.federation._claims` for the refusals and who closes a claimed stream.
 """
 
+from ._claims import StreamClaim, StreamClaims, StreamClaimsStatistics, StreamHeader
 from ._datastream import DataReceiver, DataSender
 from ._fetchboard import FetchBoard, FetchBoardStatistics
 from ._gossip import GossipStatistics, TelemetryGossip
@@ -188,7 +200,11 @@ __all__ = [
     "SecretError",
     "SecretSource",
     "ServerHandshake",
+    "StreamClaim",
+    "StreamClaims",
+    "StreamClaimsStatistics",
     "StreamHandler",
+    "StreamHeader",
     "StreamStopped",
     "StreamTransport",
     "TelemetryApplyOutcome",

@@ -3,18 +3,16 @@
 :meth:`RouteCaller.generate` registers the request id, calls ``route.generate`` on the serving
 node and waits for the stream that :meth:`RouteCaller.handle_stream` (the mesh's stream
 handler) hands over once its header names the request; then it reads the items, each wait
-bounded. The receiver belongs to the request from the hand-over on: the handler waits until
-the request closes it, so the mesh (which closes a handler's receiver when the handler
-returns) never closes it under the request's feet.
+bounded. The receiver belongs to the request from the hand-over on; which streams are
+refused, and why the handler waits until the request has closed the receiver, is
+:class:`~skulk.federation.StreamClaims`' contract.
 """
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import AsyncGenerator
 
-import attrs
 import trio
 
 from skulk.federation import (
@@ -25,6 +23,8 @@ from skulk.federation import (
     Mesh,
     PeerUnreachable,
     RpcFailed,
+    StreamClaim,
+    StreamClaims,
 )
 from skulk.wire import FrameTooLarge, WireError
 from skulk.wire.routing import (
@@ -56,20 +56,7 @@ from ._hop import (
     REQUEST_CODEC,
     ROUTE_METHOD,
     RouteTimeouts,
-    cancel_when_closed,
 )
-
-
-@attrs.frozen
-class _Handoff:
-    receiver: DataReceiver
-    done: trio.Event  # set once the request is done with the receiver (it closed it)
-
-
-@attrs.frozen
-class _Pending:
-    node: str  # the node asked: only a stream from it may answer
-    slot: trio.MemorySendChannel[_Handoff]
 
 
 class RouteCaller:
@@ -78,40 +65,18 @@ class RouteCaller:
     def __init__(self, mesh: Mesh, timeouts: RouteTimeouts) -> None:
         self._mesh = mesh
         self._t = timeouts
-        self._waiting: dict[str, _Pending] = {}
-        self.streams_refused = 0
+        self._claims = StreamClaims(ITEM_CODEC.decode, RouteHeader, header_timeout=timeouts.header)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return self._claims.waiting
+
+    @property
+    def streams_refused(self) -> int:
+        return self._claims.streams_refused
 
     async def handle_stream(self, peer: str, receiver: DataReceiver) -> None:
-        handoff: _Handoff | None = None
-        with trio.move_on_after(self._t.header):
-            handoff = await self._claim(peer, receiver)
-        if handoff is None:
-            self.streams_refused += 1
-            with trio.CancelScope(shield=True):
-                await receiver.aclose()
-            return
-        await handoff.done.wait()  # the stream is the request's now; it closes it
-
-    async def _claim(self, peer: str, receiver: DataReceiver) -> _Handoff | None:
-        try:
-            header = ITEM_CODEC.decode(await receiver.receive())
-        except (WireError, trio.EndOfChannel, PeerUnreachable):
-            return None
-        if not isinstance(header, RouteHeader):
-            return None
-        pending = self._waiting.get(header.request_id)
-        if pending is None or pending.node != peer:
-            return None  # not asked of this peer, or the request gave up already
-        handoff = _Handoff(receiver, trio.Event())
-        try:
-            pending.slot.send_nowait(handoff)
-        except (trio.WouldBlock, trio.BrokenResourceError):
-            return None  # a second stream for one request
-        return handoff
+        await self._claims.handle_stream(peer, receiver)
 
     async def generate(
         self, node: str, instance: str, prompt: Prompt, params: SamplingParams
@@ -124,14 +89,11 @@ class RouteCaller:
         link = self._mesh.link(node)
         if link is None:
             raise NodeUnreachable(node, "no link to it")
-        slot, arrivals = trio.open_memory_channel[_Handoff](1)
-        self._waiting[request_id] = _Pending(node, slot)
-        handoff: _Handoff | None = None
-        try:
+        async with self._claims.expect(request_id, node) as claim:
             await self._ask(link, node, instance, body)
-            handoff = await self._answer_stream(link, node, arrivals)
+            receiver = await self._answer_stream(link, node, claim)
             while True:
-                match await self._next_item(node, handoff.receiver):
+                match await self._next_item(node, receiver):
                     case RouteDelta(text=text, logprobs=logprobs):
                         yield ScoredText(text, logprobs) if logprobs else text
                     case RouteKeepalive():
@@ -151,16 +113,6 @@ class RouteCaller:
                         raise RemoteUnavailable(node, instance, message)
                     case RouteHeader():
                         raise NodeUnreachable(node, "a second header on its answer stream")
-        finally:
-            del self._waiting[request_id]
-            slot.close()
-            if handoff is None:  # a stream that arrived after we stopped waiting for it
-                with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
-                    handoff = arrivals.receive_nowait()
-            if handoff is not None:
-                with trio.CancelScope(shield=True):
-                    await handoff.receiver.aclose()  # stops the stream unless it ended
-                handoff.done.set()
 
     async def count_tokens(self, node: str, instance: str, prompt: Prompt) -> int:
         """``prompt``'s token count from ``instance``, whose rank 0 runs on ``node``."""
@@ -228,17 +180,10 @@ class RouteCaller:
         if answer != ADMITTED:
             raise NodeUnreachable(node, f"an unexpected answer {answer[:40]!r}")
 
-    async def _answer_stream(
-        self, link: Link, node: str, arrivals: trio.MemoryReceiveChannel[_Handoff]
-    ) -> _Handoff:
-        handoff: _Handoff | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope, trio.CancelScope())
-            with trio.move_on_after(self._t.admit):
-                handoff = await arrivals.receive()
-            nursery.cancel_scope.cancel()
-        if handoff is not None:
-            return handoff
+    async def _answer_stream(self, link: Link, node: str, claim: StreamClaim) -> DataReceiver:
+        receiver = await claim.wait(link, self._t.admit)
+        if receiver is not None:
+            return receiver
         if link.closed is not None:
             raise NodeUnreachable(node, str(PeerUnreachable(link.closed)))
         raise NodeUnreachable(node, f"its answer stream did not open within {self._t.admit:g} s")

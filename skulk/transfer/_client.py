@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -31,6 +31,8 @@ from skulk.federation import (
     Mesh,
     PeerUnreachable,
     RpcFailed,
+    StreamClaim,
+    StreamClaims,
 )
 from skulk.models import MAX_MANIFEST_BYTES
 from skulk.wire import FrameTooLarge, WireError
@@ -55,7 +57,6 @@ from ._protocol import (
     REPLY_CODEC,
     REQUEST_CODEC,
     TransferTimeouts,
-    cancel_when_closed,
     decode_item,
 )
 
@@ -88,18 +89,6 @@ class TransferStatistics:
     pieces_corrupt: int
     #: incoming streams closed for want of a header naming an awaited request
     streams_refused: int
-
-
-@attrs.frozen
-class _Handoff:
-    receiver: DataReceiver
-    done: trio.Event
-
-
-@attrs.frozen
-class _Pending:
-    node: str
-    slot: trio.MemorySendChannel[_Handoff]
 
 
 class RangeStream:
@@ -156,11 +145,12 @@ class WeightClient:
     def __init__(self, mesh: Mesh, *, timeouts: TransferTimeouts = TransferTimeouts()) -> None:  # noqa: B008
         self._mesh = mesh
         self.timeouts = timeouts
-        self._waiting: dict[str, _Pending] = {}
+        self._claims = StreamClaims(
+            ITEM_CODEC.decode, TransferHeader, header_timeout=timeouts.header
+        )
         self._locks: dict[Path, trio.Lock] = {}
         self.fetching = 0
         self.bytes_received = self.pieces_verified = self.pieces_corrupt = 0
-        self.streams_refused = 0
 
     @property
     def node_id(self) -> str:
@@ -172,11 +162,11 @@ class WeightClient:
     def statistics(self) -> TransferStatistics:
         return TransferStatistics(
             fetching=self.fetching,
-            waiting=len(self._waiting),
+            waiting=self._claims.waiting,
             bytes_received=self.bytes_received,
             pieces_verified=self.pieces_verified,
             pieces_corrupt=self.pieces_corrupt,
-            streams_refused=self.streams_refused,
+            streams_refused=self._claims.streams_refused,
         )
 
     def lock(self, store: Path) -> trio.Lock:
@@ -189,33 +179,9 @@ class WeightClient:
         """Hand a transfer stream to the request waiting for it and return once that request
         is done with it. A stream whose first chunk is not the header of a request this node
         asked ``peer`` (and still waits for), or brings none within ``timeouts.header``, is
-        closed at once (which stops it on the holder)."""
-        handoff: _Handoff | None = None
-        with trio.move_on_after(self.timeouts.header):
-            handoff = await self._claim(peer, receiver)
-        if handoff is None:
-            self.streams_refused += 1
-            with trio.CancelScope(shield=True):
-                await receiver.aclose()
-            return
-        await handoff.done.wait()
-
-    async def _claim(self, peer: str, receiver: DataReceiver) -> _Handoff | None:
-        try:
-            header = ITEM_CODEC.decode(await receiver.receive())
-        except (WireError, trio.EndOfChannel, PeerUnreachable):
-            return None
-        if not isinstance(header, TransferHeader):
-            return None
-        pending = self._waiting.get(header.request_id)
-        if pending is None or pending.node != peer:
-            return None
-        handoff = _Handoff(receiver, trio.Event())
-        try:
-            pending.slot.send_nowait(handoff)
-        except (trio.WouldBlock, trio.BrokenResourceError):
-            return None
-        return handoff
+        closed at once (which stops it on the holder); see
+        :class:`~skulk.federation.StreamClaims`."""
+        await self._claims.handle_stream(peer, receiver)
 
     # ---- requests ----
 
@@ -252,37 +218,17 @@ class WeightClient:
             raise PeerFailure(peer, "no link to it", lasting=False)
         length = sum(r.end - r.start for r in ranges)
         body = REQUEST_CODEC.encode(RangeRequest(request_id, model, sha256, file, tuple(ranges)))
-        slot, arrivals = trio.open_memory_channel[_Handoff](1)
-        self._waiting[request_id] = _Pending(peer, slot)
-        handoff: _Handoff | None = None
-        try:
+        async with self._claims.expect(request_id, peer) as claim:
             reply = await self._call(peer, RANGES_METHOD, body, link)
             if reply != RangesAccepted(request_id, length):
                 raise PeerFailure(peer, "answered a range request wrongly", lasting=True)
-            handoff = await self._answer_stream(link, peer, arrivals)
-            yield RangeStream(self, peer, handoff.receiver)
-        finally:
-            del self._waiting[request_id]
-            slot.close()
-            if handoff is None:  # a stream that arrived after we stopped waiting for it
-                with suppress(trio.WouldBlock, trio.EndOfChannel):
-                    handoff = arrivals.receive_nowait()
-            if handoff is not None:
-                with trio.CancelScope(shield=True):
-                    await handoff.receiver.aclose()
-                handoff.done.set()
+            receiver = await self._answer_stream(link, peer, claim)
+            yield RangeStream(self, peer, receiver)
 
-    async def _answer_stream(
-        self, link: Link, peer: str, arrivals: trio.MemoryReceiveChannel[_Handoff]
-    ) -> _Handoff:
-        handoff: _Handoff | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope)
-            with trio.move_on_after(self.timeouts.header):
-                handoff = await arrivals.receive()
-            nursery.cancel_scope.cancel()
-        if handoff is not None:
-            return handoff
+    async def _answer_stream(self, link: Link, peer: str, claim: StreamClaim) -> DataReceiver:
+        receiver = await claim.wait(link, self.timeouts.header)
+        if receiver is not None:
+            return receiver
         if link.closed is not None:
             raise PeerFailure(peer, str(PeerUnreachable(link.closed)), lasting=False)
         raise PeerFailure(

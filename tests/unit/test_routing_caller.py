@@ -43,32 +43,11 @@ from skulk.wire.routing import (
 )
 from skulk.wire.runner import SamplingParams, TextPrompt, Usage
 from skulk.worker import Generation, RequestFailure
+from tests.unit._streams import FakeReceiver
 
 ITEMS: Codec[RouteItem] = Codec(RouteItem)
 TIMEOUTS = RouteTimeouts(admit=5.0, header=5.0, send=30.0, keepalive=2.0, idle=10.0)
 PARAMS = SamplingParams()
-
-
-class FakeReceiver:
-    """A DataReceiver stand-in: delivers ``chunks``, then waits forever (or ends)."""
-
-    def __init__(self, *chunks: bytes, ends: bool = False) -> None:
-        self.chunks = list(chunks)
-        self.ends = ends
-        self.closed = False
-
-    async def receive(self) -> bytes:
-        await trio.lowlevel.checkpoint()
-        if self.chunks:
-            return self.chunks.pop(0)
-        if self.ends:
-            raise trio.EndOfChannel
-        await trio.sleep_forever()
-        raise AssertionError
-
-    async def aclose(self) -> None:
-        await trio.lowlevel.checkpoint()
-        self.closed = True
 
 
 class FakeLink:
