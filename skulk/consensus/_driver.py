@@ -8,8 +8,10 @@ Usage (under a nursery)::
     result = await driver.submit(b"incr", client_id="api-1", seq=7, timeout=2.0)
 
 **Stepping and persisting.** The core is stepped synchronously (never across an ``await``) by
-whoever has an input: the task reading the transport (messages), the ticker (a :class:`Tick`
-every ``tick_seconds``; late ticks are dropped, which only lengthens timeouts), and submitters
+whoever has an input: the transport's task that received a message (the transport offers it,
+:meth:`Transport.offer_to`: no task switch; one that cannot be stepped at once is queued for the
+driver's reader task, and so are the ones after it), the ticker (a :class:`Tick` every
+``tick_seconds``; late ticks are dropped, which only lengthens timeouts), and submitters
 (proposals). Each :class:`Ready` is folded into the *open batch*. One persister task takes the
 batches in order: one ``storage.persist`` (one fsync; inline or in a worker thread, see below),
 *then* the batch's messages are sent. Until the persister takes the next batch, steps go on
@@ -22,15 +24,17 @@ snapshot starts a batch of its own.
 as much as the fsync on a local SSD -- and, under load, the hand-back waits behind every
 runnable task (tens of ms with a thousand clients). So while recent inline persists waited
 less than :attr:`DriverConfig.inline_persist_below` for the disk (a moving average), a batch
-is persisted in the Trio thread, blocking it for that long -- unless the persister has just
-handed a leader's AppendRequests to the transport (below): its tasks write them out only when
-the loop runs, so then the fsync goes to the worker thread and runs beside replication, and
-the loop serves clients and replies meanwhile; only a loop with at least
-:attr:`DriverConfig.busy_loop_tasks` runnable tasks, where the hand-back would wait longer than
-the fsync, persists those inline too. A slow disk, and any batch holding a snapshot, use the
-worker thread, so the loop is never blocked for long (the worst cases inline: one segment
-rotation, which compresses the closed 4 MiB segment, and one timing probe in 32 persists on a
-slow disk).
+is persisted in the Trio thread, blocking it for that long. A batch whose AppendRequests (a
+leader's, below) were just handed to the transport is special: its tasks write them out only
+when the loop runs. On a quiet loop (at most :attr:`DriverConfig.quiet_loop_tasks` runnable
+tasks) the persister waits until they are written (:meth:`Transport.wait_sent`, at most
+:attr:`DriverConfig.send_wait`), then persists inline; on a loop with clients to serve the
+fsync goes to the worker thread and runs beside replication while the loop serves clients and
+replies; and a loop with at least :attr:`DriverConfig.busy_loop_tasks` runnable tasks, where
+the hand-back would wait longer than the fsync, persists inline at once. A slow disk, and any
+batch holding a snapshot, use the worker thread, so the loop is never blocked for long (the
+worst cases inline: one segment rotation, which compresses the closed 4 MiB segment, and one
+timing probe in 32 persists on a slow disk).
 
 **A leader replicates while it syncs** (Ongaro's dissertation §10.2.1): a batch's
 AppendRequests go out when the persister takes the batch, *before* its fsync, unless the batch
@@ -122,6 +126,11 @@ _PROBE_INLINE_EVERY = 32
 disk afresh (a thread's own timing includes its waits for the GIL held by a busy loop)."""
 
 
+async def _reraise(exc: Exception) -> None:
+    """Raise ``exc`` (caught in a foreign task) in the task this is started in."""
+    raise exc
+
+
 def _timed(persist: Callable[..., None], **kwargs: object) -> float:
     """Run ``persist(**kwargs)``; the seconds it spent waiting for the disk (wall time less
     this thread's CPU time: encoding costs the loop as much in a worker thread, under the GIL,
@@ -171,6 +180,7 @@ class RaftDriver(Generic[S]):
         self._seen: tuple[Role, NodeId | None, int] | None = None
         self._queue: collections.deque[Batch] = collections.deque([Batch()])
         self._work = trio.Event()  # the open batch got something
+        self._nursery: trio.Nursery | None = None  # run's: an offered message's crash ends it
         self._progress = trio.Event()  # the persister took a batch
         self._generation = 0  # bumped when storage fails: batches of the old core are void
         self._synced = HardState()  # the hard state on disk
@@ -342,16 +352,20 @@ class RaftDriver(Generic[S]):
         self._started = self._running = True
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 await self._recover(attempts=1)
                 nursery.start_soon(self._read_messages)
                 nursery.start_soon(self._persister)
                 nursery.start_soon(self._expire_waiters)
                 self._transport.serve_submissions(self._serve_forwarded)
+                self._transport.offer_to(self._offered)
                 task_status.started()
                 await self._tick_loop()
         finally:
             self._running = False
             self._unavailable = UnavailableReason.STOPPED
+            self._transport.offer_to(None)
+            self._nursery = None
             self._transport.serve_submissions(None)
             self._core = None
             self._waiters.fail_all(Unavailable(UnavailableReason.STOPPED))
@@ -508,6 +522,28 @@ class RaftDriver(Generic[S]):
             self._received += 1
             self._step(core, Receive(message))
 
+    def _offered(self, message: Message) -> bool:
+        """A message offered by the transport in the task that received it (see
+        :meth:`Transport.offer_to`): stepped at once, saving the switch to
+        :meth:`_read_messages`, when that task is idle (parked on the empty inbound channel:
+        it holds no earlier message, not even one just taken) and the open batch has room;
+        otherwise refused (it is queued for that task, keeping the order). An exception from
+        the core ends :meth:`run`, as it would from :meth:`_read_messages`."""
+        core = self._core
+        if (
+            core is None
+            or self._nursery is None
+            or self._queue[-1].inputs >= self._config.max_batch
+            or not self._transport.inbound.statistics().tasks_waiting_receive
+        ):
+            return False
+        self._received += 1
+        try:
+            self._step(core, Receive(message))
+        except Exception as exc:
+            self._nursery.start_soon(_reraise, exc)
+        return True
+
     async def _tick_loop(self) -> None:
         tick = self._config.tick_seconds
         next_tick = trio.current_time() + tick
@@ -561,7 +597,7 @@ class RaftDriver(Generic[S]):
                 hard_state=hard_state,
                 restore=batch.restore,
             )
-            inline = self._inline(batch, bool(early))
+            inline = await self._inline(batch, bool(early))
             started = trio.current_time()
             try:
                 took = persist() if inline else await trio.to_thread.run_sync(persist)
@@ -592,8 +628,9 @@ class RaftDriver(Generic[S]):
         self._apply_ready(None, self._commits.take())
         await trio.lowlevel.checkpoint()  # an inline persist never yielded: let the loop run
 
-    def _inline(self, batch: Batch, sent_early: bool) -> bool:
-        """Whether to persist ``batch`` in the Trio thread (see the module doc)."""
+    async def _inline(self, batch: Batch, sent_early: bool) -> bool:
+        """Whether to persist ``batch`` in the Trio thread (see the module doc); with
+        AppendRequests just sent on a quiet loop, first waits (briefly) until they are out."""
         config = self._config
         if batch.snapshot is not None or config.inline_persist_below <= 0:
             return False
@@ -602,10 +639,20 @@ class RaftDriver(Generic[S]):
         if not sent_early:
             return True
         # AppendRequests just went to the transport, whose tasks write them out only when the
-        # loop runs: blocking it now would hold them back for the whole fsync. A worker thread
-        # lets them go (and the loop serve clients and replies) -- unless the loop is so busy
-        # that the hand-back would wait longer than the fsync.
-        return trio.lowlevel.current_statistics().tasks_runnable >= config.busy_loop_tasks
+        # loop runs: blocking it now would hold them back for the whole fsync. On a quiet loop
+        # they are out after a few task switches: wait for that, then persist inline (a worker
+        # thread's hand-off and hand-back cost more than the fsync itself). On a loop with
+        # clients to serve, a worker thread lets them go and the loop work meanwhile -- unless
+        # the loop is so busy that the hand-back would wait longer than the fsync.
+        runnable = trio.lowlevel.current_statistics().tasks_runnable
+        if runnable >= config.busy_loop_tasks:
+            return True
+        if runnable > config.quiet_loop_tasks:
+            return False
+        with trio.move_on_after(config.send_wait):
+            await self._transport.wait_sent()
+            return True
+        return False  # not out in time (a stalled link?): let the loop run during the fsync
 
     def _send_all(self, messages: Sequence[Message]) -> None:
         commits = self._commits

@@ -64,9 +64,17 @@ class DriverConfig:
     than this many seconds for the disk; slower disks, and snapshots, go to a worker thread
     (0: always)."""
     busy_loop_tasks: int = 64
-    """A batch whose AppendRequests were just sent (a leader's) is persisted inline only while at
-    least this many Trio tasks are runnable (a worker thread's hand-back would wait behind them
-    all); other batches whenever the disk is fast."""
+    """A batch whose AppendRequests were just sent (a leader's) is persisted inline at once
+    while at least this many Trio tasks are runnable (a worker thread's hand-back would wait
+    behind them all); other batches whenever the disk is fast."""
+    quiet_loop_tasks: int = 4
+    """Such a batch is persisted inline too while at most this many tasks are runnable (an
+    idle leader), once the transport has written those AppendRequests out (waiting at most
+    :attr:`send_wait`): a worker thread's hand-off and hand-back cost more than the fsync.
+    In between, it goes to a worker thread (the loop serves clients during the fsync)."""
+    send_wait: float = 0.002
+    """How long a quiet leader waits for its AppendRequests to be written before an inline
+    fsync; past it (a stalled link), the fsync goes to a worker thread."""
 
 
 @attrs.frozen

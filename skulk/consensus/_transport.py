@@ -6,6 +6,8 @@ A :class:`Transport` gives the driver three things:
   drop (Raft retries on its own: heartbeats, probes, elections);
 * :attr:`~Transport.inbound` -- a bounded receive channel of the messages addressed to this
   node (a full channel drops; the source of each message is authenticated by the transport);
+  a transport may first offer each message to the handler given to
+  :meth:`~Transport.offer_to`, in the task that received it, and queue it only if refused;
 * :meth:`~Transport.forward` -- hand a submission to the node believed to lead and wait for
   its result, under the caller's deadline. On the leader the transport calls the handler the
   driver registered with :meth:`~Transport.serve_submissions`.
@@ -24,6 +26,7 @@ forwarded submissions with the same codec.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -89,6 +92,11 @@ SubmitReply = Applied | Rejected
 
 REQUEST_CODEC: Codec[SubmitRequest] = Codec(SubmitRequest)
 REPLY_CODEC: Codec[SubmitReply] = Codec(SubmitReply)
+
+OfferHandler = Callable[[Message], bool]
+"""``handler(message)``, called in the task that received ``message``: True if it took the
+message (it must not block), False to have it queued in :attr:`Transport.inbound` instead (in
+order: a transport queues every later message too while any is queued)."""
 
 SubmitHandler = Callable[[SubmitRequest, float], Awaitable[bytes]]
 """``await handler(request, deadline)``: submit on this node without forwarding (``deadline``
@@ -174,6 +182,19 @@ class Transport(Protocol):
     def serve_submissions(self, handler: SubmitHandler | None) -> None:
         """Answer forwarded submissions with ``handler`` from now on (``None``: answer
         ``unavailable``/``stopped``)."""
+        ...
+
+    async def wait_sent(self) -> None:
+        """Wait until the messages given to :meth:`send` so far are written to the network
+        (or can no longer be). Latency only, never correctness: the driver calls it, under a
+        short deadline, before it blocks the Trio thread with an fsync, so that the
+        AppendRequests it just sent are on the wire meanwhile."""
+        ...
+
+    def offer_to(self, handler: OfferHandler | None) -> None:
+        """Offer received messages to ``handler`` before queueing them in :attr:`inbound`
+        (``None``: stop). Latency only: it saves the task switch to the reader of
+        :attr:`inbound`; a transport may ignore it."""
         ...
 
 
@@ -296,6 +317,13 @@ class MemoryTransport:
     def serve_submissions(self, handler: SubmitHandler | None) -> None:
         self._handler = handler
 
+    async def wait_sent(self) -> None:
+        await trio.lowlevel.checkpoint()  # delivered already, in send()
+
+    def offer_to(self, handler: OfferHandler | None) -> None:
+        """Ignored: messages always travel through :attr:`inbound` here (a send never steps
+        the receiving node within the sender's task)."""
+
 
 # --- the federation mesh ----------------------------------------------------------------------
 
@@ -320,6 +348,8 @@ class MeshTransportStatistics:
     rejected_in: int
     #: received messages dropped because :attr:`MeshTransport.inbound` was full
     dropped_full: int
+    #: received messages the :meth:`~MeshTransport.offer_to` handler took (the rest were queued)
+    taken_at_once: int
     readers: int
     forwards: int
     forwards_served: int
@@ -344,11 +374,12 @@ class MeshTransport:
         transport = MeshTransport(mesh)
         nursery.start_soon(mesh.run); await nursery.start(transport.run)
 
-    :meth:`run` reads every open link's ``raft_inbox`` (one task per link; a link's task ends
-    with the link). Links come and go: the mesh's ``events`` channel belongs to the telemetry
-    gossip, so :meth:`run` polls :meth:`Mesh.links` every ``poll_interval`` seconds, and
-    :meth:`send` starts reading a link it finds unread; a link's messages wait in its own
-    bounded inbox until then.
+    While :meth:`run` runs, every open link hands its raft bodies to this transport in the
+    link's own receive task (:meth:`Link.receive_raft_with`): they are decoded there and put
+    in :attr:`inbound`, with no task of ours in between. Links come and go: the mesh's
+    ``events`` channel belongs to the telemetry gossip, so :meth:`run` polls
+    :meth:`Mesh.links` every ``poll_interval`` seconds, and :meth:`send` takes over a link it
+    finds unwatched; a link's messages wait in its own bounded inbox until then.
     """
 
     def __init__(self, mesh: Mesh, *, inbox: int = 1024, poll_interval: float = 0.1) -> None:
@@ -356,11 +387,15 @@ class MeshTransport:
         self._send_channel, self._inbound = trio.open_memory_channel[Message](inbox)
         self._poll_interval = poll_interval
         self._handler: SubmitHandler | None = None
+        self._offer: OfferHandler | None = None
+        self._last: tuple[RaftPayload, bytes] | None = None  # the last payload sent, encoded
         self._readers: set[Link] = set()
-        self._nursery: trio.Nursery | None = None
+        self._unsent: set[Link] = set()  # links sent to since the last wait_sent
+        self._running = False
+        self._queue_only = False  # _watch is handing over a link's queued bodies
         self._sent = self._received = self._rejected_in = self._dropped_full = 0
         self._no_link = self._busy = self._unencodable = 0
-        self._forwards = self._served = 0
+        self._forwards = self._served = self._taken = 0
 
     @property
     def node_id(self) -> NodeId:
@@ -373,6 +408,9 @@ class MeshTransport:
     def serve_submissions(self, handler: SubmitHandler | None) -> None:
         self._handler = handler
 
+    def offer_to(self, handler: OfferHandler | None) -> None:
+        self._offer = handler
+
     def statistics(self) -> MeshTransportStatistics:
         return MeshTransportStatistics(
             sent=self._sent,
@@ -382,26 +420,27 @@ class MeshTransport:
             dropped_unencodable=self._unencodable,
             rejected_in=self._rejected_in,
             dropped_full=self._dropped_full,
+            taken_at_once=self._taken,
             readers=len(self._readers),
             forwards=self._forwards,
             forwards_served=self._served,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Read the links' raft topics until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            try:
-                while True:
-                    for view in self._mesh.links():
-                        if view.peer_id is not None:
-                            link = self._mesh.link(view.peer_id)
-                            if link is not None:
-                                self._watch(link)
-                    await trio.sleep(self._poll_interval)
-            finally:
-                self._nursery = None
+        """Take the links' raft topics until cancelled."""
+        self._running = True
+        task_status.started()
+        try:
+            while True:
+                self._readers = {link for link in self._readers if link.closed is None}
+                for view in self._mesh.links():
+                    if view.peer_id is not None:
+                        link = self._mesh.link(view.peer_id)
+                        if link is not None:
+                            self._watch(link)
+                await trio.sleep(self._poll_interval)
+        finally:
+            self._running = False
 
     def send(self, message: Message) -> None:
         link = self._mesh.link(message.dst)
@@ -410,7 +449,7 @@ class MeshTransport:
             return
         self._watch(link)
         try:
-            link.send_raft_nowait(PAYLOAD_CODEC.encode(message.payload))
+            link.send_raft_nowait(self._encode(message.payload))
         except LinkBusy:
             self._busy += 1
         except PeerUnreachable:
@@ -419,6 +458,23 @@ class MeshTransport:
             self._unencodable += 1
         else:
             self._sent += 1
+            self._unsent.add(link)
+
+    def _encode(self, payload: RaftPayload) -> bytes:
+        """``payload`` encoded; a leader sends the same AppendRequest to each caught-up
+        follower, so the last encoding is reused for an equal payload."""
+        last = self._last
+        if last is not None and last[0] == payload:
+            return last[1]
+        body = PAYLOAD_CODEC.encode(payload)
+        self._last = (payload, body)
+        return body
+
+    async def wait_sent(self) -> None:
+        links, self._unsent = self._unsent, set()
+        for link in links:
+            await link.wait_sent()
+        await trio.lowlevel.checkpoint()
 
     async def forward(self, leader: NodeId, request: SubmitRequest, deadline: float) -> bytes:
         self._forwards += 1
@@ -458,24 +514,38 @@ class MeshTransport:
             raise RpcFailed("bad_request", str(exc)[:200]) from None
 
     def _watch(self, link: Link) -> None:
-        if link in self._readers or self._nursery is None or link.closed is not None:
+        if link in self._readers or not self._running or link.closed is not None:
             return
         self._readers.add(link)
-        self._nursery.start_soon(self._read, link)
-
-    async def _read(self, link: Link) -> None:
-        peer, me = link.peer_id, self.node_id
+        # Bodies that waited in the link's inbox arrive here at once, possibly inside the
+        # driver's own send(): queue them rather than step the driver re-entrantly.
+        self._queue_only = True
         try:
-            async for body in link.raft_inbox:
-                try:
-                    payload = PAYLOAD_CODEC.decode(body)
-                except WireError:
-                    self._rejected_in += 1
-                    continue
-                self._received += 1
-                try:
-                    self._send_channel.send_nowait(Message(peer, me, payload))
-                except trio.WouldBlock:
-                    self._dropped_full += 1
+            link.receive_raft_with(functools.partial(self._on_body, link.peer_id))
         finally:
-            self._readers.discard(link)
+            self._queue_only = False
+
+    def _on_body(self, peer: NodeId, body: bytes) -> None:
+        """A raft body from ``peer``'s link, in that link's receive task (never blocks)."""
+        if not self._running:
+            return  # stopped: as if the link's inbox were never read
+        try:
+            payload = PAYLOAD_CODEC.decode(body)
+        except WireError:
+            self._rejected_in += 1
+            return
+        self._received += 1
+        message = Message(peer, self.node_id, payload)
+        offer = self._offer
+        if (
+            offer is not None
+            and not self._queue_only
+            and not self._send_channel.statistics().current_buffer_used
+            and offer(message)
+        ):
+            self._taken += 1
+            return
+        try:
+            self._send_channel.send_nowait(message)
+        except trio.WouldBlock:
+            self._dropped_full += 1

@@ -103,6 +103,7 @@ class Link:
         self._codec = _codec(config.max_frame_size)
         self._outbox = Outbox(self._codec, control=config.control_queue, data=config.data_queue)
         self._raft_send, self.raft_inbox = trio.open_memory_channel[bytes](config.raft_inbox)
+        self._raft_handler: Callable[[bytes], None] | None = None
         self._telemetry_send, self.telemetry_inbox = trio.open_memory_channel[TelemetryFrame](
             config.telemetry_inbox
         )
@@ -127,6 +128,8 @@ class Link:
         self._bytes_in = self._bytes_out = self._frames_in = self._frames_out = 0
         self._dropped_in = self._duplicates = 0
         self._nursery: trio.Nursery | None = None
+        self._control_sent = 0  # control frames written out (Outbox.control_out when taken)
+        self._sent_lot = trio.lowlevel.ParkingLot()
 
     @property
     def remote(self) -> str:
@@ -152,6 +155,29 @@ class Link:
         """Queue a raft message; :class:`LinkBusy` if the control queue is full,
         :class:`PeerUnreachable` if the link is closed, ``FrameTooLarge`` if it is too big."""
         self._put_nowait(RaftMessage(body=body))
+
+    def receive_raft_with(self, handler: Callable[[bytes], None]) -> None:
+        """From now on, hand each received raft body to ``handler`` in the link's receive task
+        instead of queueing it in :attr:`raft_inbox` (bodies already queued go to it first, in
+        order): a consumer that never blocks saves a task switch per message. ``handler`` must
+        return promptly and not raise (an exception closes the link as an internal error)."""
+        while True:
+            try:
+                handler(self.raft_inbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        self._raft_handler = handler
+
+    async def wait_sent(self) -> None:
+        """Wait until every raft, rpc and telemetry frame queued before this call has been
+        written to the transport, or the link closed. No deadline of its own: bound it (a peer
+        that stops reading stalls the sender).
+
+        For a caller about to block the Trio thread (an inline fsync) that wants what it just
+        queued on the wire first, without waiting for anything queued later."""
+        target = self._outbox.control_in
+        while self._closed is None and self._control_sent < target:
+            await self._sent_lot.park()
 
     def send_telemetry_nowait(self, frame: TelemetryFrame) -> None:
         """Queue a telemetry frame; errors as for :meth:`send_raft_nowait`."""
@@ -262,6 +288,7 @@ class Link:
             call.event.set()
         for channel in (self._raft_send, self._telemetry_send, self._streams_send):
             channel.close()
+        self._sent_lot.unpark_all()
         for out_stream in self._out_streams.values():
             out_stream.lot.unpark_all()
         for in_stream in self._in_streams.values():
@@ -312,9 +339,13 @@ class Link:
     async def _send_loop(self) -> None:
         while True:
             frame = await self._outbox.get()
+            taken = self._outbox.control_out
             await self._transport.send_message(frame)
             self._bytes_out += len(frame)
             self._frames_out += 1
+            if taken != self._control_sent:
+                self._control_sent = taken
+                self._sent_lot.unpark_all()
 
     async def _receive_loop(self) -> None:
         while self._closed is None:
@@ -347,7 +378,10 @@ class Link:
         elif isinstance(frame, Pong):
             self._on_pong(frame)
         elif isinstance(frame, RaftMessage):
-            self._deliver(self._raft_send, frame.body)
+            if self._raft_handler is not None:
+                self._raft_handler(frame.body)
+            else:
+                self._deliver(self._raft_send, frame.body)
         elif isinstance(frame, TelemetryDigest | TelemetryPush):
             self._deliver(self._telemetry_send, frame)
         elif isinstance(frame, RpcRequest):

@@ -36,6 +36,10 @@ class Outbox:
         self._ping: Ping | None = None
         self._credits: dict[int, int] = {}
         self._stops: dict[int, None] = {}
+        self.control_in = 0
+        """Frames ever put on the control queue (raft, rpc, telemetry)."""
+        self.control_out = 0
+        """Of those, how many :meth:`get` has handed to the sender (FIFO: the oldest)."""
         self._work = trio.lowlevel.ParkingLot()
         self._control_room = trio.lowlevel.ParkingLot()
         self.data_room = trio.lowlevel.ParkingLot()
@@ -74,6 +78,7 @@ class Outbox:
         if len(self._control) >= self._control_capacity:
             return False
         self._control.append(frame)
+        self.control_in += 1
         self._work.unpark_all()
         return True
 
@@ -133,6 +138,7 @@ class Outbox:
             return encode(DataStop(stream_id=stream_id))
         if self._control:
             frame = self._control.popleft()
+            self.control_out += 1
             self._control_room.unpark_all()
             return frame
         if self._ping is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from skulk.consensus import (
     AppendReply,
@@ -30,6 +31,7 @@ from skulk.consensus import (
     Role,
 )
 from skulk.consensus._batch import Batch
+from skulk.consensus._core import RaftCore
 from skulk.consensus._disk import Disk, DiskFull
 from skulk.consensus._driver import DriverConfig, RaftDriver
 from skulk.consensus._errors import (
@@ -359,6 +361,58 @@ async def test_a_single_voter_commits_alone(tmp_path: Path) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _solo(
+    tmp_path: Path, config: DriverConfig = FAST, net: MemoryNetwork | None = None
+) -> RaftDriver[int]:
+    return RaftDriver(
+        "solo",
+        voters=("solo",),
+        machine=Counter(),
+        open_storage=lambda: Storage.open(OsDisk(tmp_path)),
+        transport=(net or MemoryNetwork()).join("solo"),
+        config=config,
+    )
+
+
+async def test_an_offered_message_is_stepped_at_once_unless_one_waits_before_it(
+    tmp_path: Path,
+) -> None:
+    net = MemoryNetwork()
+    driver = _solo(tmp_path, net=net)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        stale = Message("x", "solo", AppendReply(0, True, 0))  # ignored by the core
+        await trio.testing.wait_all_tasks_blocked()
+        received = driver.statistics().messages_received
+        assert driver._offered(stale)
+        assert driver.statistics().messages_received == received + 1
+        net._deliver(stale)  # handed to the reader task, which has not run yet...
+        assert not driver._offered(stale)  # ...so a later message must queue behind it
+        await trio.testing.wait_all_tasks_blocked()
+        assert driver.statistics().messages_received == received + 2
+        assert driver._offered(stale)  # the reader is idle again
+        nursery.cancel_scope.cancel()
+    assert not driver._offered(stale)  # stopped
+
+
+async def test_a_core_failure_in_an_offered_step_ends_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No ticks during the test: only the offered step can meet the failing core.
+    driver = _solo(tmp_path, attrs.evolve(FAST, tick_seconds=3600.0))
+
+    def broken(self: object, inp: object) -> Ready:
+        raise RuntimeError("core bug")
+
+    with trio.fail_after(WAIT), pytest.RaisesGroup(RuntimeError, flatten_subgroups=True):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(driver.run)
+            await trio.testing.wait_all_tasks_blocked()  # the reader is idle: offers are taken
+            monkeypatch.setattr(RaftCore, "step", broken)
+            assert driver._offered(Message("x", "solo", AppendReply(0, True, 0)))
+            await trio.sleep_forever()  # the driver's failure ends this nursery
+
+
 # --- over the federation mesh -----------------------------------------------------------------
 
 
@@ -397,6 +451,7 @@ async def test_three_drivers_over_the_mesh(tmp_path: Path) -> None:
         await eventually(lambda: all(d.state == 1 for d in drivers.values()), "replicated")
         stats = transports[follower].statistics()
         assert stats.forwards >= 1 and stats.received > 0 and stats.rejected_in == 0
+        assert 0 < stats.taken_at_once <= stats.received  # stepped in the links' tasks
         assert transports[leader].statistics().forwards_served >= 1
         nursery.cancel_scope.cancel()
 

@@ -34,6 +34,7 @@ from skulk.consensus import (
 )
 from skulk.consensus._batch import Batch, CommitQueue, Retry, Waiter, WaiterTable
 from skulk.consensus._errors import SubmitTimeout
+from skulk.consensus._transport import MemoryTransport
 
 from .test_consensus_driver import FAST, IDS, WAIT, cluster, eventually
 
@@ -200,11 +201,23 @@ async def test_a_leader_replicates_during_its_fsync_and_answers_once_it_is_durab
         assert driver.statistics().inline_persists == 0
 
 
-@pytest.mark.parametrize("busy_loop_tasks", [64, 0], ids=["quiet-leader", "busy-leader"])
-async def test_who_persists_inline_on_a_fast_disk(tmp_path: Path, busy_loop_tasks: int) -> None:
-    # Followers always; a leader that just sent AppendRequests only when its loop is busy
-    # (otherwise its fsync goes to a worker thread, beside the requests it sent).
-    fast_disk = attrs.evolve(FAST, inline_persist_below=math.inf, busy_loop_tasks=busy_loop_tasks)
+@pytest.mark.parametrize(
+    ("quiet_loop_tasks", "busy_loop_tasks", "leader_inline"),
+    [(10**6, 10**6, "all"), (-1, 10**6, "some"), (-1, 0, "all")],
+    ids=["quiet-leader", "serving-leader", "busy-leader"],
+)
+async def test_who_persists_inline_on_a_fast_disk(
+    tmp_path: Path, quiet_loop_tasks: int, busy_loop_tasks: int, leader_inline: str
+) -> None:
+    # Followers always. A leader that just sent AppendRequests: on a quiet loop once they are
+    # out; on a loop serving others in a worker thread, beside the requests it sent; on a busy
+    # loop at once.
+    fast_disk = attrs.evolve(
+        FAST,
+        inline_persist_below=math.inf,
+        quiet_loop_tasks=quiet_loop_tasks,
+        busy_loop_tasks=busy_loop_tasks,
+    )
     async with cluster(tmp_path, fast_disk) as c:
         leader = await c.leader()
         for seq in (1, 2, 3):
@@ -213,10 +226,32 @@ async def test_who_persists_inline_on_a_fast_disk(tmp_path: Path, busy_loop_task
         for node in IDS:
             stats = c.drivers[node].statistics()
             assert stats.persists > 0
-            if node == leader and busy_loop_tasks > 0:
+            if node == leader and leader_inline == "some":
                 assert stats.inline_persists < stats.persists
             else:
                 assert stats.inline_persists == stats.persists
+
+
+async def test_a_quiet_leader_whose_requests_do_not_go_out_persists_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The transport never reports the AppendRequests written (a stalled link): after
+    # send_wait the fsync goes to a worker thread, and commits go on.
+    async def stalled(self: MemoryTransport) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(MemoryTransport, "wait_sent", stalled)
+    config = attrs.evolve(FAST, inline_persist_below=math.inf, send_wait=0.01)
+    async with cluster(tmp_path, config) as c:
+        leader = await c.leader()
+        for seq in (1, 2):
+            assert (
+                await c.drivers[leader].submit(b"x", client_id="k", seq=seq, timeout=WAIT)
+                == str(seq).encode()
+            )
+        await c.converged(2)
+        stats = c.drivers[leader].statistics()
+        assert stats.inline_persists < stats.persists
 
 
 async def test_a_submission_past_its_deadline_times_out_and_leaves_nothing_pending(

@@ -447,6 +447,62 @@ async def test_full_inbox_drops_and_full_control_queue_is_busy(
         assert [await b.raft_inbox.receive() for _ in range(2)] == [b"\x00", b"\x01"]
 
 
+async def test_a_raft_handler_takes_queued_bodies_first_then_each_new_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair() as (a, b):
+        a.send_raft_nowait(b"\x00")
+        a.send_raft_nowait(b"\x01")
+        await wait_for(lambda: b.statistics().raft_queued == 2)
+        got: list[bytes] = []
+        b.receive_raft_with(got.append)
+        assert got == [b"\x00", b"\x01"]  # the queued ones, at once and in order
+        a.send_raft_nowait(b"\x02")
+        await wait_for(lambda: len(got) == 3)
+        assert got[2] == b"\x02" and b.statistics().raft_queued == 0
+
+
+async def test_wait_sent_waits_for_the_frames_queued_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair(wrap=lambda t: SlowTransport(t, 0.2)) as (a, _b):
+        sent = a.statistics().frames_out
+        a.send_raft_nowait(b"one")
+        a.send_raft_nowait(b"two")
+        await a.wait_sent()
+        stats = a.statistics()
+        assert stats.frames_out >= sent + 2 and stats.control_queued == 0
+        started = trio.current_time()
+        await a.wait_sent()  # nothing queued since: no wait (a pending ping is not waited for)
+        assert trio.current_time() == started
+
+
+async def test_wait_sent_returns_when_the_link_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    wires: list[SlowTransport] = []
+
+    def wire(t: StreamTransport) -> SlowTransport:
+        wires.append(SlowTransport(t, 0.0))
+        return wires[-1]
+
+    async with link_pair(wrap=wire) as (a, _b):
+        for w in wires:
+            w.delay = 5.0  # established: from now on the wire is very slow
+        a.send_raft_nowait(b"slow")
+        a.send_raft_nowait(b"never sent")
+
+        async def close_soon() -> None:
+            await trio.sleep(1.0)
+            a.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(close_soon)
+            with trio.fail_after(2.0):
+                await a.wait_sent()
+        assert a.closed is not None
+
+
 # ---- heartbeats, liveness, closing ------------------------------------------------------------
 
 
