@@ -164,7 +164,8 @@ class PrefillPacer:
     fewer where the model is slow. On a fast model that is every chunk; on a slow one (a large
     model on a CPU: 30 ms or more a token) a 512-token chunk would stall the running streams —
     and the runner's loop, whose heartbeat proves it alive — for many seconds, long enough to
-    be taken for a wedged runner. Sans-IO: the caller times the chunks."""
+    be taken for a wedged runner. The runner sizes its embedding groups the same way
+    (:meth:`budget`), and feeds their times in too. Sans-IO: the caller times the passes."""
 
     def __init__(
         self,
@@ -180,12 +181,17 @@ class PrefillPacer:
 
     def size(self) -> int:
         """The most tokens the next chunk should compute."""
+        return self.budget(self._most)
+
+    def budget(self, most: int) -> int:
+        """The most tokens a forward pass over fresh tokens (a prefill chunk, an embedding
+        group) should compute, at most ``most``."""
         spt = self.seconds_per_token
         if spt is None:
-            return self._first
+            return min(most, self._first)
         if spt <= 0:
-            return self._most
-        return max(self._least, min(self._most, int(self._target / spt)))
+            return most
+        return max(min(self._least, most), min(most, int(self._target / spt)))
 
     def record(self, tokens: int, seconds: float) -> None:
         """A chunk of ``tokens`` tokens took ``seconds``."""

@@ -46,7 +46,7 @@ from skulk.runner._batch import (
     batchable,
     kv_capacity,
 )
-from skulk.runner._embed import EmbedJob, check_inputs, input_tokens
+from skulk.runner._embed import EMBED_BATCH_TOKENS, EmbedJob, check_inputs, input_tokens
 from skulk.runner._engine import Engine, RequestError, Step
 from skulk.runner._grammar import request_constraint
 from skulk.runner._link import EOF, Link
@@ -196,7 +196,7 @@ class _Requests:
             partial(request_constraint, engine.tokenizer),
             lambda req: [input_tokens(engine, item, req.truncate) for item in req.inputs],
         )
-        self.embeds: deque[EmbedJob] = deque()  # tokenized Embed requests, one group a turn
+        self.embeds: deque[EmbedJob] = deque()  # tokenized Embed requests, a group a turn
         per_token = engine.kv_bytes_per_token
         capacity = kv_capacity(load.kv_cache_bytes, per_token, engine.context_length)
         self.budget = KvBudget(capacity, per_token, engine.context_length)
@@ -358,14 +358,16 @@ class _Requests:
         self._emit(batch, steps)
 
     def _embed_group(self, job: EmbedJob) -> None:
+        started = time.perf_counter()
         try:
-            done = job.advance()
+            computed = job.advance(self.pacer.budget(EMBED_BATCH_TOKENS))
         except Exception as exc:
             log_failure("an embedding failed", exc)
             self.embeds.popleft()
             self._fail(job.request_id, "engine_error", f"embedding failed: {exc}")
             return
-        if done:
+        self.pacer.record(computed, time.perf_counter() - started)
+        if job.done:
             self.embeds.popleft()
             self._link.send(Embedded(job.request_id, tuple(job.vectors), job.prompt_tokens))
 

@@ -8,10 +8,14 @@ whole text, but is dominated by what would come next); normalising makes cosine 
 dot product, what the OpenAI and Ollama clients expect.
 
 Batching: inputs are grouped in order, each group padded on the right to its longest input and
-run as one forward pass of at most :data:`EMBED_BATCH_TOKENS` padded tokens. Attention is causal,
-so padding after an input changes none of its hidden states: an input's vector is the same
-alone or in a batch (up to float rounding). The runner's loop runs one group per turn
-(:meth:`EmbedJob.advance`), so it heartbeats and decodes other streams between groups.
+run as one forward pass of at most a turn's token budget (:data:`EMBED_BATCH_TOKENS`, fewer on
+a slow model: the runner sizes it from measured speed, as its prefill chunks). Attention is
+causal, so padding after an input changes none of its hidden states: an input's vector is the
+same alone or in a batch (up to float rounding). An input longer than the budget goes alone, in
+chunks through a KV cache, one chunk a turn, its hidden states summed as they come (the same
+vector up to rounding). The runner's loop runs one group or chunk per turn
+(:meth:`EmbedJob.advance`), so it heartbeats and decodes other streams in between, however
+large the model and the inputs.
 
 Tokenizing text inputs happens on the runner's preparation thread (:func:`input_tokens`), like
 a prompt's; everything else here is mlx and runs on the main thread.
@@ -27,7 +31,8 @@ import mlx.core as mx
 from skulk.runner._engine import Engine, RequestError
 from skulk.wire.runner import EmbedInput, TextPrompt, TokenIds
 
-#: Most padded tokens one embedding forward pass computes (the rest wait for the next turn).
+#: Most padded tokens one embedding forward pass computes on a fast model (the rest wait for
+#: the next turn).
 EMBED_BATCH_TOKENS = 4096
 #: Most numbers one ``Embedded`` answer carries (inputs times hidden size): about 2.4 MB of CBOR,
 #: under every link's frame limit, including the 4 MiB of a routed answer.
@@ -109,10 +114,37 @@ def embed_group(engine: Engine, group: Sequence[Sequence[int]]) -> list[tuple[fl
     width = max(len(ids) for ids in group)
     padded = mx.array([list(ids) + [0] * (width - len(ids)) for ids in group])
     hidden = engine.model.model(padded)
-    vectors = pool(hidden, [len(ids) for ids in group])
+    return _rows(pool(hidden, [len(ids) for ids in group]))
+
+
+def _rows(vectors: mx.array) -> list[tuple[float, ...]]:
     mx.eval(vectors)
     rows: list[list[float]] = vectors.tolist()  # type: ignore[assignment]
     return [tuple(float(x) for x in row) for row in rows]
+
+
+class _Chunked:
+    """One input longer than a turn's budget, computed a chunk at a time through a KV cache:
+    the sum of its final hidden states so far (float32, shape ``(1, hidden)``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.cache = engine.new_cache()
+        self.done = 0
+        self.total: mx.array | None = None
+
+    def advance(self, engine: Engine, ids: Sequence[int], most: int) -> tuple[float, ...] | None:
+        """Compute the next ``most`` tokens; the input's vector once all are in, else None."""
+        piece = ids[self.done : self.done + most]
+        hidden = engine.model.model(mx.array([list(piece)]), cache=self.cache)
+        part = hidden.astype(mx.float32).sum(axis=1)
+        self.total = part if self.total is None else self.total + part
+        mx.eval(self.total)
+        self.done += len(piece)
+        if self.done < len(ids):
+            return None
+        mean = self.total / len(ids)
+        norm = mx.sqrt((mean * mean).sum(axis=-1, keepdims=True))
+        return _rows(mean / mx.maximum(norm, mx.array(1e-12, dtype=mx.float32)))[0]
 
 
 def groups(inputs: Sequence[Sequence[int]], budget: int = EMBED_BATCH_TOKENS) -> list[range]:
@@ -133,23 +165,37 @@ def groups(inputs: Sequence[Sequence[int]], budget: int = EMBED_BATCH_TOKENS) ->
 
 class EmbedJob:
     """One ``Embed`` request on the runner's main loop: its tokenized inputs, embedded one
-    group per :meth:`advance`."""
+    group (or one chunk of a long input) per :meth:`advance`."""
 
     def __init__(self, engine: Engine, request_id: str, inputs: Sequence[Sequence[int]]) -> None:
         self.request_id = request_id
         self.prompt_tokens = sum(len(ids) for ids in inputs)
         self._engine = engine
         self._inputs = inputs
-        self._groups = groups(inputs)
+        self._chunked: _Chunked | None = None  # the long input in progress
         self.vectors: list[tuple[float, ...]] = []
 
     @property
     def done(self) -> bool:
-        return not self._groups
+        return len(self.vectors) == len(self._inputs)
 
-    def advance(self) -> bool:
-        """Embed the next group; True once every input has its vector."""
-        if self._groups:
-            group = self._groups.pop(0)
-            self.vectors.extend(embed_group(self._engine, [self._inputs[i] for i in group]))
-        return self.done
+    def advance(self, budget: int = EMBED_BATCH_TOKENS) -> int:
+        """Embed the next group of inputs whose padded size fits ``budget`` tokens, or the next
+        ``budget`` tokens of an input longer than that; the tokens computed (check
+        :attr:`done`)."""
+        if self.done:
+            return 0
+        start = len(self.vectors)
+        ids = self._inputs[start]
+        if self._chunked is not None or len(ids) > budget:
+            chunked = self._chunked = self._chunked or _Chunked(self._engine)
+            before = chunked.done
+            vector = chunked.advance(self._engine, ids, max(1, budget))
+            if vector is not None:
+                self.vectors.append(vector)
+                self._chunked = None
+            return chunked.done - before
+        (group, *_) = groups(self._inputs[start:], budget)
+        batch = [self._inputs[start + i] for i in group]
+        self.vectors.extend(embed_group(self._engine, batch))
+        return len(batch) * max(len(i) for i in batch)

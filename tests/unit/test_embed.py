@@ -84,7 +84,7 @@ def test_embed_job_runs_a_group_per_turn(models: dict[str, Engine]) -> None:
     engine = models["demo"]
     job = EmbedJob(engine, "e", [[1, 2, 3]] * 3)
     assert job.prompt_tokens == 9
-    assert job.advance() and job.done
+    assert job.advance() == 9 and job.done
     assert len(job.vectors) == 3
 
 
@@ -209,3 +209,23 @@ def test_the_stop_matcher_names_the_stop_that_cut() -> None:
     assert other.feed("xEN") == ("x", False)
     assert other.feed("D!") == ("", True)
     assert other.matched == "END"
+
+
+def test_a_turn_computes_at_most_its_budget_and_a_long_input_goes_in_chunks(
+    models: dict[str, Engine],
+) -> None:
+    engine = models["demo"]
+    long = list(range(3, 43))  # 40 tokens
+    short = [[5, 6, 7], [8, 9]]
+    job = EmbedJob(engine, "e", [short[0], long, short[1]])
+    computed = []
+    while not job.done:
+        computed.append(job.advance(16))
+    # the first short input alone (the long one does not fit beside it), the long one in
+    # chunks of 16, 16 and 8 through a cache, then the last
+    assert computed == [3, 16, 16, 8, 2]
+    assert job.advance(16) == 0
+    whole = embed_group(engine, [long])[0]
+    assert max(abs(a - b) for a, b in zip(job.vectors[1], whole, strict=True)) < 1e-4
+    assert job.vectors[0] == embed_group(engine, [short[0]])[0]
+    assert math.isclose(math.sqrt(sum(x * x for x in job.vectors[1])), 1.0, rel_tol=1e-4)

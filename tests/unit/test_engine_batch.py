@@ -411,9 +411,10 @@ def test_cancel_reaches_a_request_in_prefill_and_one_waiting_for_the_budget(
 
 def test_the_prefill_pacer_keeps_chunks_near_their_target_time() -> None:
     pacer = PrefillPacer(target=0.25, least=16, most=512, first=32, smoothing=0.5)
-    assert pacer.size() == 32  # nothing measured yet
+    assert pacer.size() == 32 and pacer.budget(4096) == 32  # nothing measured yet
     pacer.record(32, 32 * 0.0001)  # a fast model: 0.1 ms a token
     assert pacer.size() == 512
+    assert pacer.budget(4096) == 2500 and pacer.budget(8) == 8  # an embedding group's budget
     slow = PrefillPacer(target=0.25, least=16, most=512, first=32, smoothing=0.5)
     slow.record(32, 32 * 0.033)  # a large model on a CPU: 33 ms a token
     assert slow.size() == 16  # 0.25 s would be 7 tokens: the least
