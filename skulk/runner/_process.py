@@ -161,6 +161,7 @@ class Runner:
         self._memory: tuple[int, int] | None = None
         self._engine_stats: EngineStats | None = None
         self._exit_code: int | None = None
+        self._leaving = False  # the runner reported its own failure (RunnerFailed): it exits
         self._proc: trio.Process | None = None
 
     # ---- public ---------------------------------------------------------------------------
@@ -494,6 +495,7 @@ class Runner:
                 tail=self.output_tail,
             )
         elif isinstance(frame, RunnerFailed):
+            self._leaving = True
             group_failure = GROUP_FAILURES.get(frame.reason)
             if group_failure is not None:
                 raise group_failure(frame.message, tail=self.output_tail)
@@ -747,11 +749,13 @@ class Runner:
 
         A serving rank of a sharded instance is first asked to ``Shutdown`` and given
         ``shutdown_grace`` to exit by itself: rank 0 then ends the whole compute group cleanly
-        (the other ranks report ``group_stopped`` instead of a lost peer)."""
+        (the other ranks report ``group_stopped`` instead of a lost peer). A runner that
+        reported its own failure (``RunnerFailed``: ``group_stopped`` among them) exits right
+        after it, so it too is given ``shutdown_grace`` before any signal."""
         graceful = self.shard is not None and self.phase in ("ready", "busy")
         if self.phase != "failed":
             self._transition("stopping")
-        bound = (3 if graceful else 2) * self.config.shutdown_grace + 1
+        bound = (3 if graceful or self._leaving else 2) * self.config.shutdown_grace + 1
         with trio.move_on_after(bound, shield=True):
             why = self.failure.reason if self.failure else "runner_stopped"
             for rid in self._inflight:
@@ -767,6 +771,9 @@ class Runner:
                         await self._send(Shutdown())
                     except RunnerError:
                         pass  # gone already
+                    await proc.wait()
+            elif self._leaving:
+                with trio.move_on_after(self.config.shutdown_grace):
                     await proc.wait()
             if self._stream is not None:
                 await self._stream.aclose()

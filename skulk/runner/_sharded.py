@@ -71,6 +71,7 @@ def run_sharded(
         with contextlib.suppress(OSError):
             link.send(RunnerFailed(reason="runner_error", message=shorten(f"{exc!r}")))
         code = 1
+    faults.hit("exit")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

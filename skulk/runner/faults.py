@@ -9,14 +9,15 @@ passes to its runners in their environment; never by anything a request carries.
 
 * actions: ``crash`` (exit at once with code 13), ``hang`` (block the runner's main thread
   forever: no frames, no heartbeats), ``slow`` (sleep ARG seconds at every hit of its phase:
-  ``decode`` and ``prefill`` only);
+  ``decode``, ``prefill`` and ``exit`` only);
 * phases: ``hello`` (before sending Hello), ``connect`` (a rank of a sharded instance, before it
   announces ``GroupJoining``: ``hang@connect`` is a rank that never joins its group), ``load``
   (during the model load), ``warm`` (before the warm-up generation), ``prefill`` (between two
   prefill chunks of a prompt, on every rank of a sharded instance; ARG = after that many
   chunks of the request, default 0; for ``slow``, the seconds), ``decode`` (inside a decode
   step; ARG = after that many tokens of a request, default 0), ``cancel`` (while handling a
-  Cancel; rank 0 only);
+  Cancel; rank 0 only), ``exit`` (a rank of a sharded instance, after its last frame, before
+  its process exits);
 * ``#N`` limits the item to the runner's Nth incarnation (the node's first runner is 1, its
   relaunches 2, 3, …); without it the item applies to every incarnation;
 * ``ignore-sigterm`` makes the runner ignore SIGTERM, so only the SIGKILL that follows the
@@ -36,9 +37,13 @@ ENV = "SKULK_RUNNER_FAULTS"
 CRASH_EXIT_CODE = 13
 
 Action = Literal["crash", "hang", "slow"]
-Phase = Literal["hello", "connect", "load", "warm", "prefill", "decode", "cancel"]
+Phase = Literal["hello", "connect", "load", "warm", "prefill", "decode", "cancel", "exit"]
 _ACTIONS: tuple[Action, ...] = ("crash", "hang", "slow")
-_PHASES: tuple[Phase, ...] = ("hello", "connect", "load", "warm", "prefill", "decode", "cancel")
+_PHASES: tuple[Phase, ...] = (
+    "hello", "connect", "load", "warm", "prefill", "decode", "cancel", "exit"
+)  # fmt: skip
+#: Phases ``slow`` applies to.
+_SLOWED: tuple[Phase, ...] = ("prefill", "decode", "exit")
 #: Phases whose hits are counted (tokens of a request in ``decode``, chunks in ``prefill``).
 _COUNTED: tuple[Phase, ...] = ("prefill", "decode")
 
@@ -117,6 +122,8 @@ def _parse_item(raw: str) -> Fault:
         raise FaultSpecError(f"bad fault {raw!r}: ARG must be a number, N an integer") from None
     if value < 0 or (number is not None and number < 1):
         raise FaultSpecError(f"bad fault {raw!r}: ARG must be >= 0 and N >= 1")
-    if action == "slow" and phase not in _COUNTED:
-        raise FaultSpecError(f"bad fault {raw!r}: slow applies to the decode and prefill phases")
+    if action == "slow" and phase not in _SLOWED:
+        raise FaultSpecError(
+            f"bad fault {raw!r}: slow applies to the decode, prefill and exit phases"
+        )
     return Fault(action, phase, value, number)

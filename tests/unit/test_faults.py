@@ -40,3 +40,9 @@ def test_hit_ignores_other_phases_and_counts_below_the_threshold() -> None:
     faults = Faults.parse("crash@decode:3", 1)
     faults.hit("load")
     faults.hit("decode", 2)  # would exit the test process if it fired
+
+
+def test_slow_applies_to_the_exit_of_a_rank() -> None:
+    faults = Faults.parse("slow@exit:0.01", 1)
+    assert [(f.action, f.phase, f.arg) for f in faults.items] == [("slow", "exit", 0.01)]
+    faults.hit("exit")  # sleeps 10 ms, returns
