@@ -86,12 +86,17 @@ class LinkTable:
         up = peer is not None and is_open(peer.link)
         stats = None
         if peer is not None:
-            stats = peer.link.statistics() if up and peer.link is not None else peer.last_stats
+            # A link that closed is the peer's until its task releases it a few steps later:
+            # its own statistics (and why it closed) are the freshest then.
+            stats = peer.link.statistics() if peer.link is not None else peer.last_stats
         if up:
             state = PeerState.UP
         else:
             state = target.state if target is not None else PeerState.DOWN
-        error = target.last_error if target is not None else None
+        closing = not up and peer is not None and peer.link is not None
+        error = stats.last_error if closing and stats is not None else None
+        if error is None and target is not None:
+            error = target.last_error
         if error is None and peer is not None:
             error = peer.last_error
         return LinkView(
