@@ -65,10 +65,23 @@ class Settings:
         return self.tick * self.election_ticks
 
 
+#: Replica ports are drawn from here: below every kernel's ephemeral range, so no outgoing
+#: connection (the benchmark's own status polls, the replicas' dials) can be given one as its
+#: source port between the draw and the replica's bind.
+PORTS = range(20000, 32000)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port of :data:`PORTS` free now (bound once to check)."""
+    for _ in range(100):
+        port = PORTS.start + secrets.randbelow(len(PORTS))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 class Client:
@@ -158,18 +171,32 @@ class Cluster:
 
     async def wait_agreed(self, limit: float = 30.0) -> str:
         """Wait until every running replica names the same leader and has applied as much as
-        it; return the leader."""
-        with trio.fail_after(limit):
-            while True:
-                found = [await self.status(n) for n in self.procs]
-                leaders = {s.get("leader") for s in found if s is not None}
-                if None not in found and len(leaders) == 1 and None not in leaders:
-                    commits = {s["commit"] for s in found if s is not None}
-                    if len(commits) == 1:
-                        leader = leaders.pop()
-                        assert isinstance(leader, str)
-                        return leader
-                await trio.sleep(0.05)
+        it; return the leader. A replica that exited, or no agreement within ``limit``
+        seconds, raises with what each replica said and the tail of each one's log."""
+        deadline = trio.current_time() + limit
+        while True:
+            found = {n: await self.status(n) for n in self.procs}
+            leaders = {s.get("leader") for s in found.values() if s is not None}
+            if None not in found.values() and len(leaders) == 1 and None not in leaders:
+                commits = {s["commit"] for s in found.values() if s is not None}
+                if len(commits) == 1:
+                    leader = leaders.pop()
+                    assert isinstance(leader, str)
+                    return leader
+            exited = [n for n, p in self.procs.items() if p.returncode is not None]
+            if exited or trio.current_time() > deadline:
+                why = f"{', '.join(exited)} exited" if exited else f"no agreement in {limit:g} s"
+                raise RuntimeError(f"{self.system} replicas: {why}; status {found}\n{self.logs()}")
+            await trio.sleep(0.05)
+
+    def logs(self, tail: int = 2000) -> str:
+        """The end of each replica's log."""
+        out = []
+        for name in NAMES:
+            path = self.root / f"{name}.log"
+            text = path.read_text(errors="replace")[-tail:] if path.exists() else "(no log)"
+            out.append(f"--- {name} ---\n{text}")
+        return "\n".join(out)
 
 
 def _percentile(values: list[float], q: float) -> float:
