@@ -131,7 +131,7 @@ def test_connect_and_prefill_fault_phases() -> None:
         Fault("slow", "prefill", 0.5),
         Fault("crash", "prefill", 2.0),
     )
-    with pytest.raises(FaultSpecError, match="decode and prefill"):
+    with pytest.raises(FaultSpecError, match="decode, prefill and exit"):
         Faults.parse("slow@connect:1", 1)
 
 
