@@ -104,7 +104,11 @@ def pool(hidden: mx.array, lengths: Sequence[int]) -> mx.array:
     h = hidden.astype(mx.float32)
     n = mx.array(list(lengths), dtype=mx.float32)[:, None]
     mask = (mx.arange(h.shape[1])[None, :] < n).astype(mx.float32)
-    mean = (h * mask[:, :, None]).sum(axis=1) / n
+    return _unit((h * mask[:, :, None]).sum(axis=1) / n)
+
+
+def _unit(mean: mx.array) -> mx.array:
+    """Each row of ``mean`` (float32) L2-normalised."""
     norm = mx.sqrt((mean * mean).sum(axis=-1, keepdims=True))
     return mean / mx.maximum(norm, mx.array(1e-12, dtype=mx.float32))
 
@@ -142,9 +146,7 @@ class _Chunked:
         self.done += len(piece)
         if self.done < len(ids):
             return None
-        mean = self.total / len(ids)
-        norm = mx.sqrt((mean * mean).sum(axis=-1, keepdims=True))
-        return _rows(mean / mx.maximum(norm, mx.array(1e-12, dtype=mx.float32)))[0]
+        return _rows(_unit(self.total / len(ids)))[0]
 
 
 def groups(inputs: Sequence[Sequence[int]], budget: int = EMBED_BATCH_TOKENS) -> list[range]:
