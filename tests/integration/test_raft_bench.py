@@ -5,8 +5,16 @@ benchmarks, not tests)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from skulk.bench._raft import NAMES
 
 TINY = ("--clients", "4", "--duration", "0.5", "--sequential", "5", "--trials", "1")
 KEYS = (
@@ -60,3 +68,22 @@ def test_raft_bench_measures_levels_in_interleaved_rounds() -> None:
     for level in levels:
         assert level["commits_per_s"] > 0 and level["idle_commit_p50_ms"] > 0
         assert level["failed_submits"] == 0 and "pysyncobj" not in level
+
+
+async def test_a_replica_that_exits_fails_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
+    from skulk.bench._raft import Cluster, Settings
+
+    cluster = Cluster("skulk", tmp_path, Settings())
+    try:
+        for name in NAMES:
+            (tmp_path / name).mkdir()
+            await cluster.start(name)
+        crashed = cluster.procs["n2"]
+        os.killpg(crashed.pid, signal.SIGKILL)  # a crash: the cluster still lists it
+        await crashed.wait()
+        with trio.fail_after(30), pytest.raises(RuntimeError) as failed:
+            await cluster.wait_agreed(60)
+        message = str(failed.value)
+        assert "n2 exited" in message and "--- n2 ---" in message
+    finally:
+        await cluster.reap()
