@@ -141,7 +141,7 @@ class ServeConfig:
     restart_limit: int = RUNNER_RESTARTS.max_restarts
     restart_window: float = RUNNER_RESTARTS.window
     crash_loop_cooldown: float = CRASH_LOOP_COOLDOWN.initial
-    # fault hooks for tests and repro scripts (see skulk.runner.faults)
+    # fault hooks for tests and repro scripts (see skulk.engine.faults)
     runner_faults: str = ""
     # the cluster (committed into the cluster State's config when given; else its defaults)
     node_down_after: float | None = None
@@ -150,7 +150,7 @@ class ServeConfig:
     # what this node offers to placement
     memory_limit: int | None = None
     # a runner's KV memory for running requests, and for kept prefixes (None: the runner's
-    # defaults, see skulk.runner._batch and skulk.runner._prefix_cache)
+    # defaults, see skulk.engine._batch and skulk.engine._prefix_cache)
     kv_cache_memory: int | None = None
     prefix_cache_memory: int | None = None
     speculative_tokens: int | None = None  # None: the runner's default
@@ -322,7 +322,7 @@ def _level(value: object) -> str | None:
 
 
 def _faults(value: object) -> str | None:
-    from skulk.runner.faults import Faults, FaultSpecError
+    from skulk.engine.faults import Faults, FaultSpecError
 
     try:
         Faults.parse(str(value), incarnation=1)

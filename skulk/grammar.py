@@ -6,7 +6,7 @@ A request asks for structured output with OpenAI's ``response_format`` (``{"type
 or Ollama's ``format`` (``"json"`` or a schema); a forced tool call asks for arguments valid for
 the tool's ``parameters`` schema (:func:`tool_call_schema`). All of them become one JSON schema
 (``"json"`` and ``json_object`` are :data:`JSON_OBJECT_SCHEMA`), carried to the runner as JSON text
-(:func:`schema_text`) and enforced there token by token (:mod:`skulk.runner._grammar`).
+(:func:`schema_text`) and enforced there token by token (:mod:`skulk.engine._grammar`).
 ``strict: false`` is enforced too: constraining is never worse than best effort.
 
 Why **llguidance** (not xgrammar, not outlines-core):

@@ -16,14 +16,14 @@ os.environ["SKULK_TEST_SESSION"] = _MARKER.split(b"=", 1)[1].decode()
 
 
 def _our_runner_processes() -> list[str]:
-    """``pid cmdline`` of live ``python -m skulk.runner`` processes this session started."""
+    """``pid cmdline`` of live ``python -m skulk.engine`` processes this session started."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if "-m skulk.runner" not in cmdline:
+            if "-m skulk.engine" not in cmdline:
                 continue
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             environ = (proc / "environ").read_bytes().split(b"\0")

@@ -4,7 +4,7 @@
 Each body is checked here into inputs for :meth:`skulk.routing.Router.embed` (texts, or token
 ids for OpenAI), routed to an instance anywhere in the cluster like a generation, and its
 vectors rendered back in the format's shape. The vectors are the model's final hidden states,
-mean-pooled over the input's tokens and L2-normalised (:mod:`skulk.runner._embed`); their
+mean-pooled over the input's tokens and L2-normalised (:mod:`skulk.engine._embed`); their
 length is the model's hidden size.
 
 Strictness as for the other formats: a field we cannot honour is a 400 naming it. OpenAI's
@@ -35,7 +35,7 @@ from skulk.wire.runner import EmbedInput, TextPrompt, TokenIds
 from skulk.worker import Embedding
 
 #: Most inputs one request may carry (OpenAI's own limit is 2048; the runner also bounds
-#: inputs times hidden size, see :data:`skulk.runner._embed.MAX_EMBED_FLOATS`).
+#: inputs times hidden size, see :data:`skulk.engine._embed.MAX_EMBED_FLOATS`).
 MAX_INPUTS = 256
 #: Largest token id accepted in a token-array input (the runner checks the model's vocabulary).
 MAX_TOKEN_ID = 2**31 - 1

@@ -4,7 +4,7 @@ OpenAI chat's ``response_format``, Responses' ``text.format`` and Ollama's ``for
 the same thing in three shapes: free text, any JSON object, or a JSON document valid for a
 schema. Each parser calls its reader here and puts the result in
 :attr:`~skulk.wire.runner.SamplingParams.json_schema`; the runner enforces it token by token
-(:mod:`skulk.runner._grammar`), so the output of a request that ends with ``"stop"`` always
+(:mod:`skulk.engine._grammar`), so the output of a request that ends with ``"stop"`` always
 parses and validates.
 
 A schema is refused with a 400 naming its field and the feature

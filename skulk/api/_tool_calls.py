@@ -8,7 +8,7 @@ here.
 
 * **Prompt**: the tools go to the runner as :attr:`~skulk.wire.runner.ChatPrompt.tools`
   (:func:`tools_json`), rendered by the model's chat template (or our documented fallback,
-  :mod:`skulk.runner._tools`).
+  :mod:`skulk.engine._tools`).
 * **Forcing**: ``required`` / a named function (Anthropic ``any`` / ``tool``) constrain the
   output to one call (:func:`forced_params`): ``{"name": …, "arguments": …}`` valid for the
   tool's ``parameters`` — the shape mlx-lm's ``json_tools`` parser reads — wrapped in the
@@ -18,7 +18,7 @@ here.
   runner read with the model's own mlx-lm tool parser (``Finished.tool_calls``, carried on
   :class:`~skulk.worker.Generation`; any family mlx-lm knows — ``json_tools``, ``pythonic``,
   ``mistral``, ``gemma4``, ``kimi_k2``, ``qwen3_coder``, …; see
-  :mod:`skulk.runner._tool_parse`) when it read any; else our own parse of the text
+  :mod:`skulk.engine._tool_parse`) when it read any; else our own parse of the text
   (:func:`parse_calls`): ``<tool_call>…</tool_call>`` blocks holding JSON (the Hermes/Qwen
   convention, and what the forced path produces for such models), else a whole answer that is
   exactly one JSON call (what the forced path and the fallback prompt produce on a model

@@ -48,7 +48,7 @@ the mean of the single runs just before and after it; the medians over rounds ar
   round: ``tokens_per_s`` = every request's tokens ÷ the wall time from the first request to
   the last ``Finished`` (medians), and ``ratio`` = that ÷ the same at the first level.
   Concurrent requests share each decode step (continuous batching, see
-  :mod:`skulk.runner._sharded_loop`), so the aggregate should grow with the level.
+  :mod:`skulk.engine._sharded_loop`), so the aggregate should grow with the level.
 """
 
 from __future__ import annotations

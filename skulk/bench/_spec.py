@@ -2,9 +2,9 @@
 in process, on the demo model.
 
 Each case generates the same request both ways: plain is the runner's own single-row path
-(:func:`~skulk.runner._single.decode_alone`: a one-row batch, speculation off); speculative is
-:class:`~skulk.runner._speculate.SpeculativeDecoder` after the same prefill, its tokens fed
-through the same :class:`~skulk.runner._engine.TokenOutput` (so both pay for detokenizing). The
+(:func:`~skulk.engine._single.decode_alone`: a one-row batch, speculation off); speculative is
+:class:`~skulk.engine._speculate.SpeculativeDecoder` after the same prefill, its tokens fed
+through the same :class:`~skulk.engine._engine.TokenOutput` (so both pay for detokenizing). The
 two alternate (plain, speculative, plain, …) after a warm-up, so a noisy machine slows both
 alike; tokens/s counts the whole request (prefill included) and the ratio reported is the
 median of the per-round ratios. ``cpu_ratio`` is the same ratio in CPU seconds of this process
@@ -27,10 +27,10 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from skulk.runner._engine import Engine, TokenOutput
-from skulk.runner._sampling import Sampler
-from skulk.runner._single import decode_alone, warm_up
-from skulk.runner._speculate import (
+from skulk.engine._engine import Engine, TokenOutput
+from skulk.engine._sampling import Sampler
+from skulk.engine._single import decode_alone, warm_up
+from skulk.engine._speculate import (
     DEFAULT_SPECULATIVE_TOKENS,
     SpeculationController,
     SpeculationStatistics,
@@ -67,7 +67,7 @@ def cases(max_tokens: int) -> tuple[Case, ...]:
 def prefill(
     engine: Engine, tokens: list[int], params: SamplingParams
 ) -> tuple[list[Any], Sampler, mx.array]:
-    """``(cache, sampler, pending)`` after the prefill :class:`~skulk.runner._batch.Prefill`
+    """``(cache, sampler, pending)`` after the prefill :class:`~skulk.engine._batch.Prefill`
     does for a prompt that fits one chunk (every token but the last, then the last one,
     sampled): the same cache, key and first token."""
     model: Any = engine.model

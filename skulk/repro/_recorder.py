@@ -22,7 +22,7 @@ POLL_TIMEOUT = 3.0
 
 
 def runner_children(parent: int) -> set[int]:
-    """Pids of ``python -m skulk.runner`` processes whose parent is ``parent`` (Linux /proc;
+    """Pids of ``python -m skulk.engine`` processes whose parent is ``parent`` (Linux /proc;
     empty elsewhere)."""
     found: set[int] = set()
     try:
@@ -43,12 +43,12 @@ def runner_children(parent: int) -> set[int]:
 
 
 def is_runner(pid: int) -> bool:
-    """Whether ``pid`` is (still) a ``python -m skulk.runner`` process."""
+    """Whether ``pid`` is (still) a ``python -m skulk.engine`` process."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"skulk.runner" in cmdline
+    return b"skulk.engine" in cmdline
 
 
 class Recorder:

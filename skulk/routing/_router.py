@@ -199,7 +199,7 @@ class Router:
     async def embed(
         self, route: Route, inputs: tuple[EmbedInput, ...], truncate: bool = False
     ) -> Embedding:
-        """``inputs`` embedded by ``route``'s instance (see :mod:`skulk.runner._embed`)."""
+        """``inputs`` embedded by ``route``'s instance (see :mod:`skulk.engine._embed`)."""
         self._in_flight[route.instance] += 1
         try:
             if route.local:

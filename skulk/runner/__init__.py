@@ -1,9 +1,11 @@
-"""Runner subprocesses: the node-side :class:`Runner` and the typed failures it raises.
+"""Runners, node side: the :class:`Runner` that spawns and supervises one runner process.
 
-The runner process itself is ``python -m skulk.runner`` (see ``_child.py``); its engine imports
-mlx and is never imported by the node. A :class:`Runner` given a
-:class:`~skulk.wire.runner.ShardSpec` is one rank of a sharded (pipeline or tensor) instance;
-:func:`open_local_group` runs all ranks of one on this machine (tests, benchmarks).
+The runner process itself is ``python -m skulk.engine`` (:mod:`skulk.engine`), which imports
+mlx; this package never does. A :class:`Runner` owns its subprocess and every deadline on it
+(hello, group connect, load, warm-up, per-step progress, shutdown grace), keeps its
+:class:`FlightRecorder`, and turns the process's frames into per-request streams. Given a
+:class:`~skulk.wire.runner.ShardSpec` it is one rank of a sharded (pipeline or tensor)
+instance; :func:`open_local_group` runs all ranks of one on this machine (tests, benchmarks).
 """
 
 from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics

@@ -32,7 +32,7 @@ class RunnerConfig:
 
     ``progress_timeout = 0`` disables the progress deadline (a wedged runner then hangs its
     requests: only for experiments). ``faults`` is a fault-hook spec (see
-    :mod:`skulk.runner.faults`), empty in production. ``kv_cache_bytes``,
+    :mod:`skulk.engine.faults`), empty in production. ``kv_cache_bytes``,
     ``prefix_cache_bytes``, ``kv_waiting`` and ``speculative_tokens`` go to the runner in its
     ``Load`` (``None``: the runner's defaults; see :class:`~skulk.wire.runner.Load`).
     """

@@ -1,4 +1,4 @@
-"""Parent side of a runner: owns one ``python -m skulk.runner`` subprocess and its deadlines.
+"""Parent side of a runner: owns one ``python -m skulk.engine`` subprocess and its deadlines.
 
 :meth:`Runner.run` spawns the process in its own process group and drives its lifecycle::
 
@@ -45,6 +45,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from skulk.engine.faults import ENV as FAULTS_ENV
+from skulk.engine.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
     GROUP_FAILURES,
@@ -64,8 +66,6 @@ from skulk.runner._errors import (
 )
 from skulk.runner._group import terminate_group
 from skulk.runner._recorder import FlightEvent, FlightRecorder
-from skulk.runner.faults import ENV as FAULTS_ENV
-from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, FrameTooLarge, WireError
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
@@ -325,7 +325,7 @@ class Runner:
             [
                 self.config.python,
                 "-m",
-                "skulk.runner",
+                "skulk.engine",
                 "--fd",
                 str(child_sock.fileno()),
                 "--parent-pid",

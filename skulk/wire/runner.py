@@ -154,7 +154,7 @@ class Load:
     """Load ``model_path``; ``shard`` set: as one rank of a sharded instance.
 
     ``kv_cache_bytes``: the KV memory the runner may give to running requests (``None``: its
-    default, see ``skulk.runner._batch``); a request is admitted only while the KV bytes of
+    default, see ``skulk.engine._batch``); a request is admitted only while the KV bytes of
     every admitted request (prompt plus its most new tokens) fit, others wait in a FIFO of at
     most ``kv_waiting`` requests, beyond which a request fails ``kv_cache_full``.
     ``prefix_cache_bytes``: the memory for KV state of token prefixes kept for reuse (``0``
@@ -293,7 +293,7 @@ class Finished:
     (``finish_reason`` is then ``stop``). ``tool_calls``: the calls the model's own mlx-lm
     tool parser read from the answer of a request that offered tools (an ``id`` empty when the
     model gave none), with ``content`` the text without the call blocks; none (and ``content``
-    ``None``) when nothing was read — see :mod:`skulk.runner._tool_parse`."""
+    ``None``) when nothing was read — see :mod:`skulk.engine._tool_parse`."""
 
     request_id: str
     finish_reason: FinishReason
@@ -314,7 +314,7 @@ class Tokenized:
 @attrs.frozen
 class Embedded:
     """The answer to :class:`Embed`: one vector per input, in order (each of the model's
-    hidden size, L2-normalised; see :mod:`skulk.runner._embed`), and the tokens embedded."""
+    hidden size, L2-normalised; see :mod:`skulk.engine._embed`), and the tokens embedded."""
 
     request_id: str
     vectors: tuple[tuple[float, ...], ...]

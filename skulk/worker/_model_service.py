@@ -347,7 +347,7 @@ class ModelService:
         return answer.prompt_tokens
 
     async def embed(self, inputs: tuple[EmbedInput, ...], truncate: bool = False) -> Embedding:
-        """One vector per input (see :mod:`skulk.runner._embed`). Raises as :meth:`generate`
+        """One vector per input (see :mod:`skulk.engine._embed`). Raises as :meth:`generate`
         does; a sharded instance refuses with ``RequestFailure("unsupported")``."""
         answer = await self._ask(Embed(uuid.uuid4().hex, inputs, truncate))
         assert isinstance(answer, Embedded)

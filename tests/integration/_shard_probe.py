@@ -3,7 +3,7 @@
 python -m tests.integration._shard_probe MODEL SHARDING RANK HOSTS START END TOKENS OUT
 
 HOSTS: comma-separated ``host:port`` of every rank; TOKENS: comma-separated token ids. The rank
-joins the ring, loads its shard with the runner's own code (``skulk.runner._shard``), prefills
+joins the ring, loads its shard with the runner's own code (``skulk.engine._shard``), prefills
 ``TOKENS[:-PROBE_STEPS - 1]`` in the runner's chunks and then runs ``PROBE_STEPS + 1`` decode
 steps, feeding the following tokens (teacher forcing, so every rank runs the same steps). The
 rank that samples saves the logits of every decode step to OUT (``.npy``, one row per step).
@@ -18,9 +18,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from skulk.runner._engine import PREFILL_STEP
-from skulk.runner._shard import check_sharding, load_shard, open_model
-from skulk.runner._sharded import join_group
+from skulk.engine._engine import PREFILL_STEP
+from skulk.engine._shard import check_sharding, load_shard, open_model
+from skulk.engine._sharded import join_group
 from skulk.wire.runner import ShardSpec
 
 PROBE_STEPS = 4

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from skulk.engine._engine import Engine
 from skulk.models import ensure_demo_model
 from skulk.runner import Runner, RunnerConfig
-from skulk.runner._engine import Engine
 from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,

@@ -1,7 +1,7 @@
 """Every runner deadline and typed failure, made to fire with real runner processes.
 
-The runners are real ``python -m skulk.runner`` processes with fault hooks (see
-``skulk.runner.faults``) and short deadlines; nothing here is mocked.
+The runners are real ``python -m skulk.engine`` processes with fault hooks (see
+``skulk.engine.faults``) and short deadlines; nothing here is mocked.
 """
 
 from __future__ import annotations

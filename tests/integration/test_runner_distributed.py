@@ -1,6 +1,6 @@
 """Sharded instances of real runner processes on loopback, through the node-side Runner.
 
-Every rank is a real ``python -m skulk.runner`` driven by its own :class:`Runner` supervisor; the
+Every rank is a real ``python -m skulk.engine`` driven by its own :class:`Runner` supervisor; the
 ranks form an ``mlx.distributed`` ring on ports from binding port 0. The models are generated
 (random weights, real mlx-lm architectures): a llama over three safetensors files (with an
 index) and a single-file qwen2 with tied embeddings whose heads divide by 2 and by 3. What one
@@ -21,6 +21,8 @@ import attrs
 import pytest
 import trio
 
+from skulk.engine._engine import Engine
+from skulk.engine._single import decode_alone
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
 from skulk.runner import (
@@ -38,8 +40,6 @@ from skulk.runner import (
     open_local_group,
     shard_specs,
 )
-from skulk.runner._engine import Engine
-from skulk.runner._single import decode_alone
 from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,
@@ -476,7 +476,7 @@ def single_process_logits(model_dir: Path, tokens: list[int], steps: int) -> obj
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model
 
-    from skulk.runner._engine import PREFILL_STEP
+    from skulk.engine._engine import PREFILL_STEP
 
     model, _ = load_model(model_dir)
     cache = make_prompt_cache(model)

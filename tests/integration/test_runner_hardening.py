@@ -23,9 +23,9 @@ import attrs
 import pytest
 import trio
 
+from skulk.engine.protocol import FROM_RUNNER, MAX_FRAME_SIZE, TO_RUNNER
 from skulk.models import ensure_demo_model
 from skulk.runner import Runner, RunnerConfig, RunnerError
-from skulk.runner.protocol import FROM_RUNNER, MAX_FRAME_SIZE, TO_RUNNER
 from skulk.wire import FrameReader
 from skulk.wire.runner import (
     Cancel,
@@ -122,10 +122,10 @@ def no_bound_python(tmp_path: Path) -> str:
     script.write_text(
         f"#!{sys.executable}\n"
         "import runpy, sys\n"
-        "import skulk.runner._engine as engine\n"
+        "import skulk.engine._engine as engine\n"
         "engine._chars_per_token = lambda tokenizer: None\n"
-        "sys.argv = ['skulk.runner', *sys.argv[3:]]  # drop '-m skulk.runner'\n"
-        "runpy.run_module('skulk.runner', run_name='__main__', alter_sys=True)\n"
+        "sys.argv = ['skulk.engine', *sys.argv[3:]]  # drop '-m skulk.engine'\n"
+        "runpy.run_module('skulk.engine', run_name='__main__', alter_sys=True)\n"
     )
     script.chmod(0o755)
     return str(script)
@@ -259,14 +259,14 @@ async def test_an_engine_error_fails_only_its_request(model_dir: Path) -> None:
 
 
 class Child:
-    """A ``python -m skulk.runner`` process driven over its socket, without the node's Runner."""
+    """A ``python -m skulk.engine`` process driven over its socket, without the node's Runner."""
 
     def __init__(self, model_dir: Path, log: Path) -> None:
         self.sock, theirs = socket.socketpair()
         self.sock.settimeout(60)
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "skulk.runner", "--fd", str(theirs.fileno()),
+                [sys.executable, "-m", "skulk.engine", "--fd", str(theirs.fileno()),
                  "--parent-pid", str(os.getpid()), "--heartbeat-interval", "0.05"],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
             )  # fmt: skip

@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fake_python(tmp_path: Path, body: str) -> str:
-    """An executable that stands in for ``python -m skulk.runner`` and runs ``body`` (sh)."""
+    """An executable that stands in for ``python -m skulk.engine`` and runs ``body`` (sh)."""
     script = tmp_path / "fake-python"
     script.write_text("#!/bin/sh\n" + body + "\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)

@@ -1,5 +1,5 @@
 """A real runner process reads a forced call with the model's mlx-lm tool parser, and the
-worker's ``Generation`` carries it (:mod:`skulk.runner._tool_parse`)."""
+worker's ``Generation`` carries it (:mod:`skulk.engine._tool_parse`)."""
 
 from __future__ import annotations
 

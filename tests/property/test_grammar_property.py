@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import make_prompt_cache
 
+from skulk.engine._engine import Engine
+from skulk.engine._grammar import GrammarTokenizer, grammar_tokenizer
 from skulk.grammar import check_schema, schema_text, tool_call_schema
 from skulk.models import ensure_demo_model
-from skulk.runner._engine import Engine
-from skulk.runner._grammar import GrammarTokenizer, grammar_tokenizer
 from skulk.wire.runner import ChatMessage, ChatPrompt
 
 Schema = dict[str, Any]

@@ -18,8 +18,8 @@ from quart_trio import QuartTrio
 
 from skulk.api import create_app
 from skulk.cluster import State, apply
+from skulk.engine.protocol import TO_RUNNER
 from skulk.routing import Admission, Router
-from skulk.runner.protocol import TO_RUNNER
 from skulk.wire.cluster import (
     Architecture,
     ModelCard,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from skulk.api._guard import RequestGuard, close_with_request
 from skulk.api._json_body import check_json_value, parse_json_body
 from skulk.api._openai import ApiError, parse_chat_completions
-from skulk.runner.protocol import TO_RUNNER
+from skulk.engine.protocol import TO_RUNNER
 from skulk.wire.runner import Generate
 
 MAX = 100

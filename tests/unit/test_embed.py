@@ -1,4 +1,4 @@
-"""Embeddings and token counting on the runner (:mod:`skulk.runner._embed`, the ``Embed`` and
+"""Embeddings and token counting on the runner (:mod:`skulk.engine._embed`, the ``Embed`` and
 ``Tokenize`` requests of the serving loop) and the frames that carry them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from skulk.runner._child import _Requests
-from skulk.runner._embed import (
+from skulk.engine._child import _Requests
+from skulk.engine._embed import (
     MAX_EMBED_FLOATS,
     EmbedJob,
     check_inputs,
@@ -19,11 +19,11 @@ from skulk.runner._embed import (
     hidden_size,
     input_tokens,
 )
-from skulk.runner._engine import Engine, RequestError
-from skulk.runner._prepare import Prepared, PromptPreparer
-from skulk.runner._stops import StopMatcher
-from skulk.runner.faults import Faults
-from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
+from skulk.engine._engine import Engine, RequestError
+from skulk.engine._prepare import Prepared, PromptPreparer
+from skulk.engine._stops import StopMatcher
+from skulk.engine.faults import Faults
+from skulk.engine.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import Codec
 from skulk.wire.routing import RouteAnswer, RouteAsk, RouteEmbed, RouteEmbedded, RouteEnd
 from skulk.wire.runner import (

@@ -1,6 +1,6 @@
 """Continuous batching, the KV budget and the prefix cache in the runner's serving loop.
 
-The loop's request book-keeping (``_Requests`` in :mod:`skulk.runner._child`) is driven turn by
+The loop's request book-keeping (``_Requests`` in :mod:`skulk.engine._child`) is driven turn by
 turn with a fake link, on the demo model and on a generated llama (random weights, so attention
 matters), with prompts given as token ids: a request's tokens must not depend on what runs
 beside it, nor on whether its prompt came from the prefix cache.
@@ -17,14 +17,14 @@ import attrs
 import mlx.core as mx
 import pytest
 
+from skulk.engine._batch import Batch, KvBudget, Prefill, PrefillPacer, Row, default_kv_budget
+from skulk.engine._child import _Requests
+from skulk.engine._engine import PREFILL_STEP, Engine, Step
+from skulk.engine._prefix_cache import PrefixCache
+from skulk.engine._prepare import Prepared
+from skulk.engine.faults import Faults
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
-from skulk.runner._batch import Batch, KvBudget, Prefill, PrefillPacer, Row, default_kv_budget
-from skulk.runner._child import _Requests
-from skulk.runner._engine import PREFILL_STEP, Engine, Step
-from skulk.runner._prefix_cache import PrefixCache
-from skulk.runner._prepare import Prepared
-from skulk.runner.faults import Faults
 from skulk.wire.runner import (
     Finished,
     FromRunner,

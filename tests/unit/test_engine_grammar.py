@@ -11,11 +11,11 @@ from collections.abc import Sequence
 import jsonschema
 import pytest
 
+from skulk.engine._engine import Engine, RequestError
+from skulk.engine._grammar import request_constraint
+from skulk.engine._prepare import Prepared
+from skulk.engine._single import decode_alone
 from skulk.grammar import schema_text, tool_call_schema
-from skulk.runner._engine import Engine, RequestError
-from skulk.runner._grammar import request_constraint
-from skulk.runner._prepare import Prepared
-from skulk.runner._single import decode_alone
 from skulk.wire.runner import Finished, Generate, Load, SamplingParams, TextPrompt
 from tests.unit.test_engine_batch import Loop, ids, models
 

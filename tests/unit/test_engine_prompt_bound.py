@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from skulk.engine._engine import Engine, RequestError
+from skulk.engine._prompt_bound import MAX_COMPOSED, max_chars_per_token
 from skulk.models import ensure_demo_model
-from skulk.runner._engine import Engine, RequestError
-from skulk.runner._prompt_bound import MAX_COMPOSED, max_chars_per_token
 from skulk.wire.runner import ChatMessage, ChatPrompt, TextPrompt
 
 CORPUS = [

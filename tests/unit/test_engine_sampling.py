@@ -10,11 +10,11 @@ import pytest
 from mlx_lm.sample_utils import apply_top_k as mlx_lm_top_k
 from mlx_lm.sample_utils import apply_top_p as mlx_lm_top_p
 
+from skulk.engine._batch import Row
+from skulk.engine._engine import Engine, RequestError
+from skulk.engine._sampling import apply_top_k, apply_top_p
+from skulk.engine._single import decode_alone
 from skulk.models import ensure_demo_model
-from skulk.runner._batch import Row
-from skulk.runner._engine import Engine, RequestError
-from skulk.runner._sampling import apply_top_k, apply_top_p
-from skulk.runner._single import decode_alone
 from skulk.wire.runner import SamplingParams, TextPrompt
 
 

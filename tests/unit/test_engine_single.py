@@ -1,4 +1,4 @@
-"""One request decoded alone (:mod:`skulk.runner._single`): the warm-up and the in-process
+"""One request decoded alone (:mod:`skulk.engine._single`): the warm-up and the in-process
 references of tests and benchmarks run the serving loop's own single-row path — a one-row
 :class:`Batch`, with speculation when asked — and give exactly the serving loop's tokens."""
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-import skulk.runner._speculate as speculate
-from skulk.runner._batch import Batch, Row
-from skulk.runner._engine import Engine, Step
-from skulk.runner._single import WARM_UP, decode_alone, warm_up
+import skulk.engine._speculate as speculate
+from skulk.engine._batch import Batch, Row
+from skulk.engine._engine import Engine, Step
+from skulk.engine._single import WARM_UP, decode_alone, warm_up
 from skulk.wire.runner import SamplingParams, TextPrompt
 from tests.unit.test_engine_batch import GREEDY, SEEDED, alone, ids, models
 

@@ -7,11 +7,11 @@ import json
 import socket
 from typing import Any
 
+from skulk.engine._link import Link
+from skulk.engine._speculate import SpeculationStatistics
+from skulk.engine._stats import EngineTotals, SpeculationTotals
+from skulk.engine.protocol import FROM_RUNNER
 from skulk.runner import LoadFailed, Runner
-from skulk.runner._link import Link
-from skulk.runner._speculate import SpeculationStatistics
-from skulk.runner._stats import EngineTotals, SpeculationTotals
-from skulk.runner.protocol import FROM_RUNNER
 from skulk.wire.runner import EngineStats, Heartbeat
 from tests.unit.test_api_edge import FakeService, app_for, call
 from tests.unit.test_runner_link import NEVER, chunk, start, written

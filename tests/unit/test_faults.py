@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.runner.faults import Fault, Faults, FaultSpecError
+from skulk.engine.faults import Fault, Faults, FaultSpecError
 
 
 def test_parse_items_and_incarnations() -> None:

@@ -1,4 +1,4 @@
-"""The runner's grammar constraint (skulk.runner._grammar) on the demo model's tokenizer: masks,
+"""The runner's grammar constraint (skulk.engine._grammar) on the demo model's tokenizer: masks,
 acceptance, the end of a document, padded vocabularies, rollback and batches."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from skulk.grammar import JSON_OBJECT_SCHEMA, SchemaRefused, schema_text, tool_call_schema
-from skulk.models import ensure_demo_model
-from skulk.models._generated import ModelShape, write_generated_model
-from skulk.runner._engine import Engine, TokenOutput
-from skulk.runner._grammar import (
+from skulk.engine._engine import Engine, TokenOutput
+from skulk.engine._grammar import (
     Constraint,
     ConstraintViolated,
     GrammarTokenizer,
@@ -24,6 +21,9 @@ from skulk.runner._grammar import (
     grammar_tokenizer,
     mask_rows,
 )
+from skulk.grammar import JSON_OBJECT_SCHEMA, SchemaRefused, schema_text, tool_call_schema
+from skulk.models import ensure_demo_model
+from skulk.models._generated import ModelShape, write_generated_model
 from skulk.wire.runner import SamplingParams
 
 PERSON = {

@@ -17,14 +17,14 @@ import attrs
 import mlx.core as mx
 import pytest
 
+from skulk.engine._engine import Engine
+from skulk.engine._logprobs import LOGPROB_FLOOR, pending_logprobs
+from skulk.engine._sampling import Sampler
+from skulk.engine._single import decode_alone
+from skulk.engine._speculate import SpeculativeDecoder
+from skulk.engine.faults import Faults
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
-from skulk.runner._engine import Engine
-from skulk.runner._logprobs import LOGPROB_FLOOR, pending_logprobs
-from skulk.runner._sampling import Sampler
-from skulk.runner._single import decode_alone
-from skulk.runner._speculate import SpeculativeDecoder
-from skulk.runner.faults import Faults
 from skulk.wire.runner import (
     Generate,
     Load,
@@ -192,14 +192,14 @@ def test_masked_tokens_are_floored_and_top_is_capped_by_the_vocabulary() -> None
 
 
 def test_out_of_range_logprobs_are_refused(engine: Engine) -> None:
-    from skulk.runner._engine import RequestError
+    from skulk.engine._engine import RequestError
 
     with pytest.raises(RequestError, match="logprobs must be from 0 to 20"):
         engine.check_params(SamplingParams(logprobs=21))
 
 
 def test_a_sharded_instance_refuses_logprobs(engine: Engine) -> None:
-    from skulk.runner._sharded_loop import _Leader
+    from skulk.engine._sharded_loop import _Leader
 
     link = FakeLink()
     leader = _Leader(link, engine, Faults(), most=2, max_waiting=2)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import pytest
 from skulk.api._openai_format import usage_object
 from skulk.api._stream import failure_error_for
 from skulk.config import ServeConfig, add_serve_arguments, serve_config
-from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
+from skulk.engine.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire.runner import Finished, Load, Usage
 from skulk.worker import RequestFailure
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import attrs
 import pytest
 
-from skulk.runner._link import EAGER, EOF, Link
-from skulk.runner.protocol import FROM_RUNNER
+from skulk.engine._link import EAGER, EOF, Link
+from skulk.engine.protocol import FROM_RUNNER
 from skulk.wire import FrameReader
 from skulk.wire.runner import (
     Finished,

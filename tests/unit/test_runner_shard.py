@@ -12,10 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from skulk.models import ensure_demo_model
-from skulk.models._generated import ModelShape, write_generated_model
-from skulk.models._shards import ShardSlice, needed_tensors
-from skulk.runner._lockstep import (
+from skulk.engine._lockstep import (
     CONTROL_SIZE,
     MAX_FREES,
     Chunk,
@@ -25,12 +22,15 @@ from skulk.runner._lockstep import (
     decode,
     encode,
 )
-from skulk.runner._watchdog import (
+from skulk.engine._watchdog import (
     COLLECTIVE_TIMEOUT_EXIT_CODE,
     TRACE_ROUTINE,
     CollectiveWatchdog,
 )
-from skulk.runner.faults import Fault, Faults, FaultSpecError
+from skulk.engine.faults import Fault, Faults, FaultSpecError
+from skulk.models import ensure_demo_model
+from skulk.models._generated import ModelShape, write_generated_model
+from skulk.models._shards import ShardSlice, needed_tensors
 from skulk.wire.runner import CollectiveEntry, CollectiveTimeout, FromRunner, ShardSpec
 
 # ---- the control block ---------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_a_pipeline_rank_keeps_exactly_the_tensors_it_needs(
 ) -> None:
     from mlx.utils import tree_flatten
 
-    from skulk.runner._shard import load_shard, open_model
+    from skulk.engine._shard import load_shard, open_model
 
     shape = ModelShape(layers=4, tie_word_embeddings=tied)
     model_dir = write_generated_model(tmp_path / "m", shape, demo, files=2)
@@ -180,8 +180,8 @@ def test_a_pipeline_rank_holds_about_its_share_of_the_weights(demo: Path, tmp_pa
 import gc, sys
 from pathlib import Path
 import mlx.core as mx
-from skulk.runner._link import rss
-from skulk.runner._shard import load_shard, open_model
+from skulk.engine._link import rss
+from skulk.engine._shard import load_shard, open_model
 from skulk.wire.runner import ShardSpec
 mode, path = sys.argv[1], Path(sys.argv[2])
 base = rss()
@@ -222,7 +222,7 @@ def fake_model(shard: bool) -> SimpleNamespace:
 
 
 def test_tensor_sharding_needs_shard_and_divisible_heads() -> None:
-    from skulk.runner._shard import ShardingUnsupported, check_sharding
+    from skulk.engine._shard import ShardingUnsupported, check_sharding
 
     config = {"model_type": "mamba", "num_attention_heads": 4, "intermediate_size": 128}
     with pytest.raises(ShardingUnsupported, match="mamba model has no shard"):
@@ -237,7 +237,7 @@ def test_tensor_sharding_needs_shard_and_divisible_heads() -> None:
 
 
 def test_pipeline_layers_must_be_a_slice_and_the_group_two_ranks() -> None:
-    from skulk.runner._shard import ShardingUnsupported, check_sharding
+    from skulk.engine._shard import ShardingUnsupported, check_sharding
 
     config = {"model_type": "llama"}
     check_sharding(fake_model(shard=False), config, spec("pipeline", 1, 2, 4))

@@ -1,5 +1,5 @@
 """The runner reads a finished answer's tool calls with the model's own mlx-lm tool parser
-(:mod:`skulk.runner._tool_parse`) and reports them on ``Finished``; the API prefers them.
+(:mod:`skulk.engine._tool_parse`) and reports them on ``Finished``; the API prefers them.
 
 The models are the demo model with ``tool_parser_type`` set in its ``tokenizer_config.json``
 (what mlx-lm's tokenizer ``load`` reads to pick a parser)."""
@@ -17,14 +17,14 @@ import trio
 import trio.testing
 
 from skulk.api._tool_calls import answer_calls
+from skulk.engine._batch import Row
+from skulk.engine._child import finished
+from skulk.engine._engine import Engine
+from skulk.engine._tool_parse import ToolText, parse_tool_text
 from skulk.grammar import schema_text, tool_call_schema
 from skulk.models import ensure_demo_model
 from skulk.routing._hop import ITEM_CODEC, RouteTimeouts
 from skulk.routing._serving import RouteServer
-from skulk.runner._batch import Row
-from skulk.runner._child import finished
-from skulk.runner._engine import Engine
-from skulk.runner._tool_parse import ToolText, parse_tool_text
 from skulk.wire import Codec
 from skulk.wire.routing import RouteDelta, RouteEnd, RouteItem, RouteRequest
 from skulk.wire.runner import (
@@ -164,8 +164,8 @@ def test_the_runner_loop_reports_a_forced_call_parsed_by_the_model_parser(
 ) -> None:
     """A real generation: a forced call (wrapped in ``<tool_call>`` by the grammar) on a model
     whose tokenizer names ``json_tools`` comes out on ``Finished`` as a parsed call."""
-    from skulk.runner._grammar import request_constraint
-    from skulk.runner._prepare import Prepared
+    from skulk.engine._grammar import request_constraint
+    from skulk.engine._prepare import Prepared
 
     engine = engines["json_tools"]
     city = {"enum": ["Oslo", "Bergen"]}  # short, so the call ends well within max_tokens

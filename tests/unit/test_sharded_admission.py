@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from skulk.engine._batch import KvBudget
+from skulk.engine._engine import Engine
+from skulk.engine._prepare import Prepared
+from skulk.engine._sharded_loop import _Leader
+from skulk.engine.faults import Faults
 from skulk.models import ensure_demo_model
-from skulk.runner._batch import KvBudget
-from skulk.runner._engine import Engine
-from skulk.runner._prepare import Prepared
-from skulk.runner._sharded_loop import _Leader
-from skulk.runner.faults import Faults
 from skulk.wire.runner import Cancel, Finished, Generate, RequestFailed, SamplingParams, TextPrompt
 from tests.unit.test_engine_batch import FakeLink
 

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mlx_lm.models import cache as mlx_cache
 
-from skulk.runner._sampling import Sampler
-from skulk.runner._speculate import (
+from skulk.engine._sampling import Sampler
+from skulk.engine._speculate import (
     NGramProposer,
     SpeculationController,
     SpeculationUnsupported,

@@ -11,10 +11,10 @@ import mlx.core as mx
 import pytest
 
 from skulk.bench._spec import COPY_PROMPT, plain_tokens, prefill, run, speculative_tokens, table
+from skulk.engine._engine import Engine
+from skulk.engine._speculate import NGramProposer, SpeculativeDecoder, speculative_step
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
-from skulk.runner._engine import Engine
-from skulk.runner._speculate import NGramProposer, SpeculativeDecoder, speculative_step
 from skulk.wire.runner import SamplingParams, TextPrompt
 
 FREE_PROMPT = "The weather today"

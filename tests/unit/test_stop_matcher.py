@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skulk.runner._stops import StopMatcher
+from skulk.engine._stops import StopMatcher
 
 
 def run(stops: tuple[str, ...], deltas: list[str]) -> tuple[str, bool]:

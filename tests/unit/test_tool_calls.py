@@ -14,7 +14,7 @@ from skulk.api._openai_errors import ApiError
 from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._openai_tools import ToolsFormat
 from skulk.api._tool_calls import Tool, forced_params, parse_calls
-from skulk.runner._tools import FALLBACK_PROMPT, chat_inputs
+from skulk.engine._tools import FALLBACK_PROMPT, chat_inputs
 from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, ToolCall, Usage
 from skulk.worker import Generation
 

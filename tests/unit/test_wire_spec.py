@@ -38,7 +38,7 @@ import pytest
 import skulk.wire
 import skulk.wire.routing
 import skulk.wire.transfer
-from skulk.runner.protocol import MAX_FRAME_SIZE
+from skulk.engine.protocol import MAX_FRAME_SIZE
 from skulk.wire import Codec, WireError
 from skulk.wire.runner import PROTOCOL_VERSION
 

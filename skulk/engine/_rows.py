@@ -1,8 +1,8 @@
 """The rows of a decode batch in one forward pass: their KV caches joined and split, and each
 row's token sampled with its own sampler.
 
-Shared by the single-process batch (:mod:`skulk.runner._batch`) and the sharded lockstep loop
-(:mod:`skulk.runner._sharded_loop`, where every rank keeps one batch of its own layers'
+Shared by the single-process batch (:mod:`skulk.engine._batch`) and the sharded lockstep loop
+(:mod:`skulk.engine._sharded_loop`, where every rank keeps one batch of its own layers'
 caches), so both lay their rows out the same way:
 
 * one row: that request's plain single-row cache (mlx-lm's ``KVCache`` per layer), so a lone
@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from skulk.runner._sampling import Sampler
+from skulk.engine._sampling import Sampler
 
 
 def join_rows(cache: list[Any], rows: int, own: list[Any]) -> list[Any]:

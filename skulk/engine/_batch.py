@@ -3,13 +3,13 @@
 A request goes through two stages on the runner's main thread:
 
 * :class:`Prefill` computes its prompt into a cache of its own, one chunk of at most
-  :data:`~skulk.runner._engine.PREFILL_STEP` tokens per call (fewer on a slow model:
+  :data:`~skulk.engine._engine.PREFILL_STEP` tokens per call (fewer on a slow model:
   :class:`PrefillPacer`), so the runner can run a decode step of the running streams between
   two chunks of a long prompt (nothing stalls for a whole prompt). Its last prompt token goes
   through the model alone and gives the first sampled token.
 * :class:`Batch` then holds it as one row of the decode batch: every :meth:`Batch.step` feeds
   each row's pending token through one forward pass of the model and samples each row's next
-  token with the row's own :class:`~skulk.runner._sampling.Sampler` (own key, temperature,
+  token with the row's own :class:`~skulk.engine._sampling.Sampler` (own key, temperature,
   top-p, top-k) from the row's own logits, so a seeded request draws the same keys whatever runs
   beside it. Rows join between steps (:meth:`Batch.add`) and leave when they finish or are
   cancelled (:meth:`Batch.remove`).
@@ -18,8 +18,8 @@ The cache layout follows the number of rows. With one row the batch holds that r
 single-row cache (mlx-lm's ``KVCache`` per layer) and decodes as mlx-lm's own single-stream loop
 does: no padding, no mask, no copy — the single-stream path costs nothing extra (it is the one
 single-row decode path: the warm-up and in-process references use it too, through
-:mod:`skulk.runner._single`). There, with ``speculative_tokens > 0``, n-gram speculative decoding
-(:class:`~skulk.runner._speculate.SpeculativeDecoder`) takes over; it drafts only while it
+:mod:`skulk.engine._single`). There, with ``speculative_tokens > 0``, n-gram speculative decoding
+(:class:`~skulk.engine._speculate.SpeculativeDecoder`) takes over; it drafts only while it
 measures that drafting pays, and :meth:`Batch.settle` hands the row back to plain decoding
 before another row joins (the same tokens either way: speculation is lossless). A second row
 merges the caches into mlx-lm's batch caches (``BatchKVCache``:
@@ -29,7 +29,7 @@ cache is extracted back into a plain one.
 As in mlx-lm's own ``generate_step``, the next tokens are computed asynchronously while the
 current ones are handed out, so host and device overlap.
 
-Plain data and mlx, no I/O: the runner's loop (:mod:`skulk.runner._child`) decides when to run
+Plain data and mlx, no I/O: the runner's loop (:mod:`skulk.engine._child`) decides when to run
 a prefill chunk and when a decode step.
 """
 
@@ -42,12 +42,12 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 
-from skulk.runner._engine import PREFILL_STEP, Engine, Step, TokenOutput
-from skulk.runner._grammar import Constraint, mask_rows
-from skulk.runner._rows import drop_row, join_rows, sample_rows
-from skulk.runner._sampling import Sampler
-from skulk.runner._speculate import NGramProposer, SpeculationController, SpeculativeDecoder
-from skulk.runner._tool_parse import ToolText
+from skulk.engine._engine import PREFILL_STEP, Engine, Step, TokenOutput
+from skulk.engine._grammar import Constraint, mask_rows
+from skulk.engine._rows import drop_row, join_rows, sample_rows
+from skulk.engine._sampling import Sampler
+from skulk.engine._speculate import NGramProposer, SpeculationController, SpeculativeDecoder
+from skulk.engine._tool_parse import ToolText
 from skulk.wire.runner import FinishReason, SamplingParams, Usage
 
 _async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
@@ -61,7 +61,7 @@ class Row:
     runner's budget holds for it; ``constraint``: its grammar state when it asked for
     structured output (see :func:`_hand_out` and :meth:`Batch.step`); ``tool_text``: its
     emitted text, kept when it offered tools to a model with a tool parser
-    (:mod:`skulk.runner._tool_parse`)."""
+    (:mod:`skulk.engine._tool_parse`)."""
 
     request_id: str
     out: TokenOutput
@@ -160,7 +160,7 @@ PREFILL_FIRST = 32
 class PrefillPacer:
     """Sizes prefill chunks so that each takes about ``target`` seconds, from what earlier
     chunks took per token (a moving average over the runner's chunks, so a model's speed is
-    learned once): a chunk is at most :data:`~skulk.runner._engine.PREFILL_STEP` tokens, and
+    learned once): a chunk is at most :data:`~skulk.engine._engine.PREFILL_STEP` tokens, and
     fewer where the model is slow. On a fast model that is every chunk; on a slow one (a large
     model on a CPU: 30 ms or more a token) a 512-token chunk would stall the running streams —
     and the runner's loop, whose heartbeat proves it alive — for many seconds, long enough to
@@ -269,7 +269,7 @@ class Batch:
         return steps
 
     def _speculative_step(self, row: Row) -> list[tuple[Row, Step]]:
-        """A lone row's step through :class:`~skulk.runner._speculate.SpeculativeDecoder`,
+        """A lone row's step through :class:`~skulk.engine._speculate.SpeculativeDecoder`,
         which drafts only while its controller measures that drafting pays; it takes over the
         row's plain state (cache, pending token) and keeps it until :meth:`settle`."""
         if self._decoder is None:

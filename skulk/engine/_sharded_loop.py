@@ -2,22 +2,22 @@
 
 Rank 0 alone talks to its node about requests (``Generate``, ``Cancel``, ``Shutdown``) and
 alone tokenizes and detokenizes. Every iteration of every rank begins with one fixed-shape
-collective, the control block (:mod:`skulk.runner._lockstep`), which rank 0 broadcasts along
+collective, the control block (:mod:`skulk.engine._lockstep`), which rank 0 broadcasts along
 the ring (rank ``r`` receives it from ``r - 1`` and passes it to ``r + 1``) and which tells
 the others what this step does: shut down, free slots, open a slot for a new request with its
-sampling parameters, a prefill chunk of up to :data:`~skulk.runner._engine.PREFILL_STEP` prompt
+sampling parameters, a prefill chunk of up to :data:`~skulk.engine._engine.PREFILL_STEP` prompt
 tokens for one slot, and a decode step for every slot in the decode batch (with the token each
-one feeds). Then every rank runs that work (:mod:`skulk.runner._shard`): in a pipeline, rank 0
+one feeds). Then every rank runs that work (:mod:`skulk.engine._shard`): in a pipeline, rank 0
 embeds and the last rank samples and sends the tokens back to rank 0; in tensor mode rank 0
 samples. The tokens rank 0 learns go into the next block, so every rank sees the same tokens.
 A prompt is prefilled in chunks sized as in one process (at most ``PREFILL_STEP``, fewer on a
-slow model: rank 0's :class:`~skulk.runner._batch.PrefillPacer`, from the time its own share of
+slow model: rank 0's :class:`~skulk.engine._batch.PrefillPacer`, from the time its own share of
 each chunk took, times the world for a pipeline, so no chunk nears ``collective_timeout``); all
 but its last token: the last one is fed by the slot's first decode step, which yields its first
 new token.
 
 **Continuous batching.** Every rank keeps one decode batch of its own layers' KV caches
-(:mod:`skulk.runner._rows`: one row is a plain cache, more are mlx-lm batch caches), rows in
+(:mod:`skulk.engine._rows`: one row is a plain cache, more are mlx-lm batch caches), rows in
 the order they joined. A slot prefills into a cache of its own; the first block whose decode
 set names it joins that cache to the batch (slots joining in one block join in slot order),
 and a block that frees it drops its row. Every rank applies the same blocks, so every rank
@@ -26,16 +26,16 @@ collective sequence along the ring — for all rows, whatever their number. Each
 most one prefill chunk (of the oldest prompt still prefilling) and then the batch's decode
 step, so a long prompt never stalls the running streams for more than one chunk. On the
 sampling rank each row has its own sampler and random key, so a seeded request gives the same
-tokens whatever runs beside it. At most :data:`~skulk.runner._lockstep.MAX_SLOTS` requests are
+tokens whatever runs beside it. At most :data:`~skulk.engine._lockstep.MAX_SLOTS` requests are
 open at once (one, for a model whose caches cannot be batched); more wait for a slot.
 
 **KV budget.** Every rank measures the KV bytes one token takes in its own layers' caches (at
 its first decode step, in the warm-up) and gives itself a budget, ``Load.kv_cache_bytes``
 (``--kv-cache-memory``) or the default fraction of the memory it has free (as one process
-does, :func:`~skulk.runner._batch.kv_capacity`). The block that says the warm-up is done makes
+does, :func:`~skulk.engine._batch.kv_capacity`). The block that says the warm-up is done makes
 every rank agree, in one ``all_min``, on the fewest tokens any rank's budget holds; rank 0 then
 admits requests against that many tokens exactly as one process does
-(:class:`~skulk.runner._batch.KvBudget`: a request reserves its prompt plus its most new
+(:class:`~skulk.engine._batch.KvBudget`: a request reserves its prompt plus its most new
 tokens), so no rank can run out of memory for KV state. A request that does not fit waits in a
 FIFO of at most ``Load.kv_waiting`` (for room in the budget or for a slot), beyond which it
 fails ``kv_cache_full``; one that could never fit fails ``prompt_too_long`` or
@@ -68,10 +68,10 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 
-from skulk.runner._batch import KvBudget, PrefillPacer, batchable, kv_capacity
-from skulk.runner._engine import PREFILL_STEP, Engine, RequestError, TokenOutput
-from skulk.runner._link import EOF, Link
-from skulk.runner._lockstep import (
+from skulk.engine._batch import KvBudget, PrefillPacer, batchable, kv_capacity
+from skulk.engine._engine import PREFILL_STEP, Engine, RequestError, TokenOutput
+from skulk.engine._link import EOF, Link
+from skulk.engine._lockstep import (
     CONTROL_SIZE,
     MAX_SLOTS,
     Chunk,
@@ -81,14 +81,14 @@ from skulk.runner._lockstep import (
     decode,
     encode,
 )
-from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
-from skulk.runner._rows import drop_row, join_rows, kv_bytes_per_token
-from skulk.runner._sampling import Sampler
-from skulk.runner._shard import Shard, TensorShard
-from skulk.runner._single import WARM_UP, WARM_UP_PROMPT
-from skulk.runner._stats import EngineTotals
-from skulk.runner._watchdog import CollectiveWatchdog, Note
-from skulk.runner.faults import Faults
+from skulk.engine._prepare import Prepared, PromptPreparer, log_failure, shorten
+from skulk.engine._rows import drop_row, join_rows, kv_bytes_per_token
+from skulk.engine._sampling import Sampler
+from skulk.engine._shard import Shard, TensorShard
+from skulk.engine._single import WARM_UP, WARM_UP_PROMPT
+from skulk.engine._stats import EngineTotals
+from skulk.engine._watchdog import CollectiveWatchdog, Note
+from skulk.engine.faults import Faults
 from skulk.wire.runner import (
     Cancel,
     EngineStats,
@@ -105,7 +105,7 @@ from skulk.wire.runner import (
     WarmedUp,
 )
 
-log = logging.getLogger("skulk.runner")
+log = logging.getLogger("skulk.engine")
 
 IDLE_MIN_MS = 2
 IDLE_MAX_MS = 64
@@ -169,7 +169,7 @@ class Lockstep:
         self.step = 0
         self.slots: dict[int, _Slot] = {}
         self.rows: list[int] = []  # the slots in the decode batch, in row order
-        self._cache: list[Any] = []  # the batch's caches (see skulk.runner._rows)
+        self._cache: list[Any] = []  # the batch's caches (see skulk.engine._rows)
         self._rows_decoded = 0  # rows of the last decode step (the trace notes changes)
 
     # ---- every rank ------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """One request decoded alone, through exactly the path that serves: :class:`Row`, then
 :class:`Prefill`, then a one-row :class:`Batch` (with n-gram speculation when asked).
 
-A runner serves every request through :mod:`skulk.runner._batch`; a request alone in its batch
+A runner serves every request through :mod:`skulk.engine._batch`; a request alone in its batch
 takes the batch's single-row path (a plain KV cache, no padding, no mask — and, with
-``speculative_tokens > 0``, the :class:`~skulk.runner._speculate.SpeculativeDecoder`). The
+``speculative_tokens > 0``, the :class:`~skulk.engine._speculate.SpeculativeDecoder`). The
 warm-up and the in-process references of tests and benchmarks run that same path here, so
 what they warm or measure is what answers requests; there is no second decode loop to keep in
 step with it.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-from skulk.runner._batch import Batch, Prefill, Row
-from skulk.runner._engine import Engine, RequestError, Step
+from skulk.engine._batch import Batch, Prefill, Row
+from skulk.engine._engine import Engine, RequestError, Step
 from skulk.wire.runner import SamplingParams, TextPrompt
 
 #: The warm-up's requests: greedy, and sampled with top-p and top-k (compiling the sampler).

@@ -16,7 +16,7 @@ a ``tool`` turn keeps its role when the template names it and becomes a ``user``
 ``Tool result:`` otherwise.
 
 Pure (no mlx): called from the prompt-preparing thread through
-:meth:`~skulk.runner._engine.Engine.tokenize`.
+:meth:`~skulk.engine._engine.Engine.tokenize`.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ draft and yields up to ``len(draft) + 1`` tokens for about the price of one.
 
 **Contract of a speculative step** (:func:`speculative_step`, or :func:`start_verification` then
 :meth:`Verification.finish` to overlap the host with the device). Inputs: the model, its per-layer
-cache list, the request's :class:`~skulk.runner._sampling.Sampler`, ``pending`` (the latest sampled
+cache list, the request's :class:`~skulk.engine._sampling.Sampler`, ``pending`` (the latest sampled
 token, *not yet fed*: the cache holds every token before it — the invariant of plain decoding,
-:class:`~skulk.runner._batch.Batch`'s single-row path; an ``int`` or a ``(1,)`` mx array, possibly
+:class:`~skulk.engine._batch.Batch`'s single-row path; an ``int`` or a ``(1,)`` mx array, possibly
 still being computed) and a non-empty ``draft``. It runs the model once on ``[pending, *draft]``
 (``k + 1`` positions), samples all ``k + 1`` rows with :meth:`Sampler.sample_ahead` — row ``i`` with
 the subkey plain decoding would use for that position — and accepts drafts while
@@ -64,7 +64,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from skulk.runner._sampling import Sampler
+from skulk.engine._sampling import Sampler
 
 #: Default for the node flag ``--speculative-tokens N`` (the most tokens drafted per step;
 #: ``0`` turns speculation off). On the demo model (``python -m skulk.bench spec
@@ -386,7 +386,7 @@ class SpeculativeDecoder:
     runs instead of plain steps when exactly one request is active.
 
     Takes over from plain decoding's state (the invariant of
-    :class:`~skulk.runner._batch.Batch`'s single-row path): the cache holds the prompt and the
+    :class:`~skulk.engine._batch.Batch`'s single-row path): the cache holds the prompt and the
     tokens emitted so far, and ``pending`` is the next sampled token, not yet fed nor returned
     (a ``(1,)`` array, may still be computing).
     ``tokens`` are appended to the proposer's history: with a fresh proposer, everything the

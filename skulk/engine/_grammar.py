@@ -48,6 +48,7 @@ import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from numpy.typing import NDArray
 
+from skulk.engine._engine import RequestError
 from skulk.grammar import (
     COMPILE_OPTIONS,
     JSON_OBJECT_SCHEMA,
@@ -55,7 +56,6 @@ from skulk.grammar import (
     grammar_for,
     schema_error,
 )
-from skulk.runner._engine import RequestError
 from skulk.wire.runner import SamplingParams
 
 #: Compiled schemas kept per tokenizer: a new request with a recent schema copies the compiled
@@ -327,7 +327,7 @@ def request_constraint(tokenizer: TokenizerWrapper, params: SamplingParams) -> C
     milliseconds). A forced tool call (``params.tool_call``) is wrapped in the tokenizer's
     tool-call markers when it has them (``<tool_call>\\n`` … ``\\n</tool_call>``, what
     mlx-lm's parsers look for), else it is the bare JSON call. Raises
-    :class:`~skulk.runner._engine.RequestError`: ``invalid_request`` for a schema llguidance
+    :class:`~skulk.engine._engine.RequestError`: ``invalid_request`` for a schema llguidance
     refuses (the message names the feature), ``unsupported`` for a tokenizer it cannot use."""
     if params.json_schema is None:
         return None

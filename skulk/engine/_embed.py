@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from skulk.runner._engine import Engine, RequestError
+from skulk.engine._engine import Engine, RequestError
 from skulk.wire.runner import EmbedInput, TextPrompt, TokenIds
 
 #: Most padded tokens one embedding forward pass computes on a fast model (the rest wait for

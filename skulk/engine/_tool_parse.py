@@ -31,7 +31,7 @@ import attrs
 
 from skulk.wire.runner import ChatPrompt, Finished, Prompt, ToolCall
 
-log = logging.getLogger("skulk.runner")
+log = logging.getLogger("skulk.engine")
 
 #: mlx-lm's ``parse_tool_call(text, tools)``: a call dict or a list of them; raises on bad text.
 Parser = Callable[[str, Any], Any]

@@ -4,14 +4,14 @@ Two halves with different threading rules:
 
 * :meth:`Engine.tokenize` touches only the tokenizer (no mlx) and is safe to call from a worker
   thread while the main thread decodes: the runner tokenizes prompts off its main loop (see
-  :mod:`skulk.runner._prepare`), so a huge prompt never stops the other streams or the
+  :mod:`skulk.engine._prepare`), so a huge prompt never stops the other streams or the
   heartbeats. A prompt that cannot fit the context is refused before it is tokenized when the
-  tokenizer allows a sound character bound (:mod:`skulk.runner._prompt_bound`).
+  tokenizer allows a sound character bound (:mod:`skulk.engine._prompt_bound`).
 * Everything else is synchronous and runs on the runner's main thread. The decode loop is
-  :mod:`skulk.runner._batch`: a serving runner batches its concurrent requests into shared
+  :mod:`skulk.engine._batch`: a serving runner batches its concurrent requests into shared
   forward passes, and a request alone takes the batch's single-row path (the warm-up, and the
   references of tests and benchmarks, decode through that same path:
-  :mod:`skulk.runner._single`). Each request owns its sampler and random key (so a seeded
+  :mod:`skulk.engine._single`). Each request owns its sampler and random key (so a seeded
   request gives the same tokens whatever else runs beside it), its streaming detokenizer and
   its stop matcher (:class:`TokenOutput`).
 """
@@ -29,12 +29,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
-from skulk.runner._logprobs import PendingLogprobs, token_bytes
-from skulk.runner._prompt_bound import max_chars_per_token
-from skulk.runner._rows import kv_bytes_per_token
-from skulk.runner._sampling import check_params
-from skulk.runner._stops import StopMatcher
-from skulk.runner._tools import chat_inputs
+from skulk.engine._logprobs import PendingLogprobs, token_bytes
+from skulk.engine._prompt_bound import max_chars_per_token
+from skulk.engine._rows import kv_bytes_per_token
+from skulk.engine._sampling import check_params
+from skulk.engine._stops import StopMatcher
+from skulk.engine._tools import chat_inputs
 from skulk.wire.runner import (
     ChatPrompt,
     FinishReason,
@@ -69,7 +69,7 @@ class Step:
 
 
 class Engine:
-    """A loaded model and tokenizer, ready to decode (see :mod:`skulk.runner._batch`).
+    """A loaded model and tokenizer, ready to decode (see :mod:`skulk.engine._batch`).
 
     ``max_chars_per_token`` is the most characters of (rendered) prompt text one token can
     stand for, or ``None`` when the tokenizer's pipeline allows no sound bound; a prompt of
@@ -191,7 +191,7 @@ class TokenOutput:
     """What one request's sampled tokens become: token ids and text to emit, and when the
     request ends — an end-of-sequence token, a stop string, ``max_tokens`` or the context
     limit. Holds the request's streaming detokenizer and stop matcher; no mlx. Shared by the
-    single-process batch (:class:`~skulk.runner._batch.Row`) and the sharded loop (where rank 0
+    single-process batch (:class:`~skulk.engine._batch.Row`) and the sharded loop (where rank 0
     alone emits)."""
 
     def __init__(

@@ -7,7 +7,7 @@ that grows with the prompt and cannot be cut into ticks (16 MB of text takes ~30
 inbox, where it arrives between frames. The HF ``tokenizers`` library releases the GIL while it
 encodes; a chat template renders in Python and shares the GIL in 5 ms slices — either way the
 main loop keeps decoding and beating. Prompts that cannot fit are refused before they are
-encoded (:meth:`~skulk.runner._engine.Engine.tokenize`), so the queue stays short.
+encoded (:meth:`~skulk.engine._engine.Engine.tokenize`), so the queue stays short.
 
 One worker, first come first served. A request cancelled while its prompt is prepared is
 answered at once by the main loop; the result, when it comes, no longer matches a waiting job
@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 import attrs
 
-from skulk.runner._engine import RequestError
-from skulk.runner._grammar import Constraint
+from skulk.engine._engine import RequestError
+from skulk.engine._grammar import Constraint
 from skulk.wire.runner import Embed, Generate, Prompt, SamplingParams, Tokenize
 
-log = logging.getLogger("skulk.runner")
+log = logging.getLogger("skulk.engine")
 
 #: Longest message a runner puts in a ``RequestFailed``: an exception's text can quote the
 #: request (a 16 MB role name in a template error), and the frame must stay small.
@@ -69,7 +69,7 @@ class Prepared:
 class PromptPreparer:
     """Tokenizes prompts on one daemon thread; results go to ``inbox`` as :class:`Prepared`.
     ``constrain`` builds a request's grammar constraint (see
-    :func:`skulk.runner._grammar.request_constraint`) on the same thread."""
+    :func:`skulk.engine._grammar.request_constraint`) on the same thread."""
 
     def __init__(
         self,
@@ -116,3 +116,12 @@ class PromptPreparer:
         if self._embed_tokens is None:
             raise RequestError("unsupported", "this runner does not embed")
         return tuple(tuple(ids) for ids in self._embed_tokens(request))
+
+
+def load_failure_reason(exc: Exception) -> str:
+    """The ``RunnerFailed`` reason for an exception that ended a model's load."""
+    if isinstance(exc, FileNotFoundError):
+        return "model_not_found"
+    if isinstance(exc, MemoryError):
+        return "out_of_memory"
+    return "load_error"

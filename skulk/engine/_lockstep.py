@@ -2,7 +2,7 @@
 
 Every iteration of a sharded runner's loop starts with one fixed-shape collective: rank 0's
 :class:`Control` as :data:`CONTROL_SIZE` int32 values, broadcast to every rank (see
-:mod:`skulk.runner._sharded_loop`). A block says, in this order: whether
+:mod:`skulk.engine._sharded_loop`). A block says, in this order: whether
 the group shuts down; which slots to free (cancelled or finished requests); which slot to open
 for a new request, with its sampling parameters (the seed chosen by rank 0 when the request
 has none, so whichever rank samples draws what rank 0 would); then the work every rank runs:

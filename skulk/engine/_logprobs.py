@@ -7,7 +7,7 @@ every token (top-p and top-k would give most alternatives ``-inf``), and greedy 
 its maximum, so a greedy token's logprob is the top alternative's. The sampled token's value
 is read from the same row as its alternatives, so the two always agree.
 
-Cost is paid only by requests that ask: a :class:`~skulk.runner._sampling.Sampler` made
+Cost is paid only by requests that ask: a :class:`~skulk.engine._sampling.Sampler` made
 without ``logprobs`` records nothing. A request that asks adds, per token, a log-softmax of its
 own row, one ``argpartition`` for the top ``k`` and a host transfer of ``k + 1`` floats.
 

@@ -23,7 +23,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from skulk.runner._logprobs import PendingLogprobs, pending_logprobs
+from skulk.engine._logprobs import PendingLogprobs, pending_logprobs
 from skulk.wire.runner import MAX_TOP_LOGPROBS, SamplingParams
 
 #: Below this temperature sampling is greedy: ``1 / temperature`` would overflow float32 when it
@@ -85,13 +85,13 @@ class Sampler:
     ``temperature`` below :data:`MIN_TEMPERATURE` (``0`` included) is greedy. The key is split
     once per sampled token, so a seeded request gives the same tokens whatever runs beside it.
 
-    Speculative decoding (:mod:`skulk.runner._speculate`) samples several positions at once
+    Speculative decoding (:mod:`skulk.engine._speculate`) samples several positions at once
     with :meth:`sample_ahead` and then keeps only some of them with :meth:`commit`: each row is
     sampled with the very subkey plain decoding would use for that position, so the tokens are
     the same with and without speculation.
 
     With ``SamplingParams.logprobs`` every sampled token's log-probabilities are computed beside
-    it (:mod:`skulk.runner._logprobs`: the log-softmax of the logits given, before temperature,
+    it (:mod:`skulk.engine._logprobs`: the log-softmax of the logits given, before temperature,
     top-p and top-k) and queued for :meth:`pop_logprobs`; rows of :meth:`sample_ahead` join the
     queue only once :meth:`commit` keeps them. Without it nothing is recorded.
     """

@@ -1,5 +1,5 @@
 """A runner that is one rank of a sharded instance: group formation, shard loading, then the
-lockstep loop (:mod:`skulk.runner._sharded_loop`).
+lockstep loop (:mod:`skulk.engine._sharded_loop`).
 
 After ``Load`` (with a :class:`~skulk.wire.runner.ShardSpec`) the rank:
 
@@ -34,13 +34,13 @@ from typing import Any, NoReturn
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
-from skulk.runner._engine import DEFAULT_CONTEXT, Engine
-from skulk.runner._link import Link
-from skulk.runner._prepare import log_failure, shorten
-from skulk.runner._shard import ShardingUnsupported, check_sharding, load_shard, open_model
-from skulk.runner._sharded_loop import CollectiveError, Lockstep
-from skulk.runner._watchdog import COLLECTIVE_FAILED_EXIT_CODE, CollectiveWatchdog, init_alarm
-from skulk.runner.faults import Faults
+from skulk.engine._engine import DEFAULT_CONTEXT, Engine
+from skulk.engine._link import Link
+from skulk.engine._prepare import load_failure_reason, log_failure, shorten
+from skulk.engine._shard import ShardingUnsupported, check_sharding, load_shard, open_model
+from skulk.engine._sharded_loop import CollectiveError, Lockstep
+from skulk.engine._watchdog import COLLECTIVE_FAILED_EXIT_CODE, CollectiveWatchdog, init_alarm
+from skulk.engine.faults import Faults
 from skulk.wire.runner import (
     GroupJoined,
     GroupJoining,
@@ -51,7 +51,7 @@ from skulk.wire.runner import (
     ShardSpec,
 )
 
-log = logging.getLogger("skulk.runner")
+log = logging.getLogger("skulk.engine")
 
 #: The init alarm fires this much after ``connect_timeout``: the node's own connect deadline
 #: should speak first; the alarm is for a rank whose node is gone.
@@ -79,8 +79,6 @@ def run_sharded(
 
 
 def _run(link: Link, load: Load, spec: ShardSpec, faults: Faults, load_timeout: float) -> int:
-    from skulk.runner._child import load_failure_reason
-
     path = Path(load.model_path)
     try:
         if not (path / "config.json").is_file():

@@ -1,27 +1,27 @@
-"""The runner process's main loop (``python -m skulk.runner``).
+"""The runner process's main loop (``python -m skulk.engine``).
 
 The runner is deliberately not a Trio program: decode steps are blocking mlx calls, so the main
 thread runs the engine and a reader thread turns the socket's bytes into frames on a queue. The
 main thread looks at that queue between decode steps, so a ``Cancel`` takes effect within one
-step (of the whole decode batch, see :mod:`skulk.runner._batch`), and it sends a
+step (of the whole decode batch, see :mod:`skulk.engine._batch`), and it sends a
 ``Heartbeat`` every heartbeat interval — while idle, between prefill chunks and between decode
 steps — so a runner whose main loop is stuck falls silent and the node
 can tell it is wedged. Nothing a request carries may stall that loop for long: prompts are
-tokenized on a worker thread (:mod:`skulk.runner._prepare`) whose results come back through the
-same queue, and sampling parameters never trigger a compilation (:mod:`skulk.runner._sampling`).
+tokenized on a worker thread (:mod:`skulk.engine._prepare`) whose results come back through the
+same queue, and sampling parameters never trigger a compilation (:mod:`skulk.engine._sampling`).
 Frames are written under a lock.
 
 The runner never outlives its node: a watchdog thread exits the process within 0.2 s of the
 parent pid changing (the node died, even by SIGKILL), and the node's socket closing ends it too.
 
 A ``Load`` with a shard makes the runner one rank of a sharded instance; that mode lives in
-:mod:`skulk.runner._sharded` (group formation, shard loading, the lockstep loop).
+:mod:`skulk.engine._sharded` (group formation, shard loading, the lockstep loop).
 
 Exit codes: 0 after ``Shutdown`` or when the node closes the socket (a rank > 0: also when
 rank 0 ended the group); 2 after a load failure (reported first as ``RunnerFailed``); 3 on a
 protocol error from the node; 70 when the node is gone; 13 from a ``crash`` fault hook; 71 after
 ``CollectiveTimeout`` and 72 after ``RunnerFailed(collective_failed)`` (a sharded rank whose
-compute group broke, see :mod:`skulk.runner._watchdog`); killed by ``SIGALRM`` when the compute
+compute group broke, see :mod:`skulk.engine._watchdog`); killed by ``SIGALRM`` when the compute
 group did not form within its connect timeout.
 """
 
@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 
 from skulk import __version__
-from skulk.runner._batch import (
+from skulk.engine._batch import (
     Batch,
     KvBudget,
     Prefill,
@@ -46,17 +46,23 @@ from skulk.runner._batch import (
     batchable,
     kv_capacity,
 )
-from skulk.runner._embed import EMBED_BATCH_TOKENS, EmbedJob, check_inputs, input_tokens
-from skulk.runner._engine import Engine, RequestError, Step
-from skulk.runner._grammar import request_constraint
-from skulk.runner._link import EOF, Link
-from skulk.runner._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from skulk.runner._prepare import Prepared, PromptPreparer, log_failure, shorten
-from skulk.runner._single import warm_up
-from skulk.runner._speculate import DEFAULT_SPECULATIVE_TOKENS
-from skulk.runner._stats import EngineTotals
-from skulk.runner._tool_parse import ToolText
-from skulk.runner.faults import Faults
+from skulk.engine._embed import EMBED_BATCH_TOKENS, EmbedJob, check_inputs, input_tokens
+from skulk.engine._engine import Engine, RequestError, Step
+from skulk.engine._grammar import request_constraint
+from skulk.engine._link import EOF, Link
+from skulk.engine._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
+from skulk.engine._prepare import (
+    Prepared,
+    PromptPreparer,
+    load_failure_reason,
+    log_failure,
+    shorten,
+)
+from skulk.engine._single import warm_up
+from skulk.engine._speculate import DEFAULT_SPECULATIVE_TOKENS
+from skulk.engine._stats import EngineTotals
+from skulk.engine._tool_parse import ToolText
+from skulk.engine.faults import Faults
 from skulk.wire.runner import (
     PROTOCOL_VERSION,
     Cancel,
@@ -80,7 +86,7 @@ from skulk.wire.runner import (
     WarmedUp,
 )
 
-log = logging.getLogger("skulk.runner")
+log = logging.getLogger("skulk.engine")
 
 PARENT_GONE_EXIT_CODE = 70
 
@@ -103,7 +109,7 @@ def main(
     if not isinstance(first, Load):
         return 0 if first is EOF or isinstance(first, Shutdown) else 3
     if first.shard is not None:
-        from skulk.runner._sharded import run_sharded  # mlx, distributed: only when sharded
+        from skulk.engine._sharded import run_sharded  # mlx, distributed: only when sharded
 
         run_sharded(link, first, first.shard, faults, load_timeout)
     try:
@@ -137,14 +143,6 @@ def _load(link: Link, load: Load, faults: Faults) -> Engine:
     return engine
 
 
-def load_failure_reason(exc: Exception) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "model_not_found"
-    if isinstance(exc, MemoryError):
-        return "out_of_memory"
-    return "load_error"
-
-
 def _serve(link: Link, engine: Engine, faults: Faults, load: Load) -> int:
     requests = _Requests(link, engine, faults, load)
     link.stats = requests.stats
@@ -174,7 +172,7 @@ class _Requests:
     """The requests a runner serves, in the order they move: ``waiting`` (the prompt is being
     tokenized on the :class:`PromptPreparer`'s thread), ``queued`` (tokenized, waiting FIFO for
     room in the KV budget, at most ``Load.kv_waiting``), ``prefills`` (admitted: the prompt is
-    computed one chunk per loop turn) and the decode ``batch`` (see :mod:`skulk.runner._batch`).
+    computed one chunk per loop turn) and the decode ``batch`` (see :mod:`skulk.engine._batch`).
     Each turn of the loop (:meth:`advance`) runs one prefill chunk, then one decode step of
     the whole batch, so a long prompt never stalls the running streams.
 
@@ -453,7 +451,7 @@ class _Requests:
 
 def finished(row: Row, reason: FinishReason) -> Finished:
     """The ``Finished`` that ends ``row``, with the tool calls its model's parser read from
-    its text when it offered tools (:mod:`skulk.runner._tool_parse`)."""
+    its text when it offered tools (:mod:`skulk.engine._tool_parse`)."""
     frame = Finished(row.request_id, reason, row.usage(), row.out.stop_sequence)
     return frame if row.tool_text is None else row.tool_text.finish(frame)
 

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from skulk.runner.protocol import FROM_RUNNER, TO_RUNNER
+from skulk.engine.protocol import FROM_RUNNER, TO_RUNNER
 from skulk.wire import FrameReader, WireError
 from skulk.wire.runner import (
     CollectiveTrace,
@@ -38,7 +38,7 @@ from skulk.wire.runner import (
     TokenChunk,
 )
 
-log = logging.getLogger("skulk.runner")
+log = logging.getLogger("skulk.engine")
 
 #: Put on the inbox when the node's side of the socket closed (or sent garbage).
 EOF = object()

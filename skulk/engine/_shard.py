@@ -43,9 +43,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+from skulk.engine._rows import sample_rows
+from skulk.engine._sampling import Sampler
 from skulk.models import ShardSlice, needed_tensors
-from skulk.runner._rows import sample_rows
-from skulk.runner._sampling import Sampler
 from skulk.wire.runner import SamplingParams, ShardSpec
 
 _async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
@@ -176,7 +176,7 @@ class Shard:
         self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
     ) -> tuple[list[Any], mx.array | None]:
         """One decode step of a batch: ``tokens`` ``(rows, 1)``, ``cache`` the batch's caches
-        (:mod:`skulk.runner._rows`), ``samplers`` one per row on the sampling rank. Rank 0
+        (:mod:`skulk.engine._rows`), ``samplers`` one per row on the sampling rank. Rank 0
         gets back the sampled ``(rows,)`` tokens."""
         raise NotImplementedError
 

@@ -1,6 +1,6 @@
 """Entry point of a runner subprocess (started by the node, not by hand):
 
-python -m skulk.runner --fd N --parent-pid P [--incarnation I] [--heartbeat-interval S]
+python -m skulk.engine --fd N --parent-pid P [--incarnation I] [--heartbeat-interval S]
                        [--load-timeout S]
 """
 
@@ -10,11 +10,11 @@ import argparse
 import logging
 import sys
 
-from skulk.runner._child import main
+from skulk.engine._child import main
 
 
 def _cli() -> int:
-    parser = argparse.ArgumentParser(prog="python -m skulk.runner")
+    parser = argparse.ArgumentParser(prog="python -m skulk.engine")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the node")
     parser.add_argument("--parent-pid", type=int, required=True, help="the node's pid")
     parser.add_argument("--incarnation", type=int, default=1, help="1 for the first runner")

@@ -1,0 +1,14 @@
+"""The engine: the program that runs inside a runner process (``python -m skulk.engine``).
+
+The node never runs it in-process: :mod:`skulk.runner` spawns it as a subprocess per
+(instance, rank) and supervises it over a socketpair carrying :mod:`skulk.wire.runner`
+frames (:mod:`skulk.engine.protocol`). Inside, one scheduler (admission against a KV budget,
+queueing, continuous batching, prefill pacing, the prefix cache, n-gram speculation, sampling,
+logprobs, grammar masks, tool parsing, embeddings) drives a forward pass that is either the
+whole model in this process or, for a rank of a sharded (pipeline or tensor) instance, a pass
+distributed over the instance's compute group.
+
+This package's face is deliberately light: importing it (or :mod:`skulk.engine.faults` and
+:mod:`skulk.engine.protocol`, which the node uses) imports no mlx. The mlx modules are
+private and loaded only inside the runner process, by benchmarks and by tests.
+"""
