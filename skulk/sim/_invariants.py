@@ -58,11 +58,9 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from skulk.cluster import decode_result
+from skulk.cluster import COMMAND_CODEC, decode_result
 from skulk.cluster import state_hash as cluster_state_hash
-from skulk.cluster._apply import COMMAND_CODEC
-from skulk.consensus._core import Role
-from skulk.consensus._types import (
+from skulk.consensus import (
     Entry,
     HardState,
     Input,
@@ -70,6 +68,7 @@ from skulk.consensus._types import (
     Ready,
     Receive,
     Recovered,
+    Role,
     Snapshot,
     TimeoutNow,
     VoteReply,

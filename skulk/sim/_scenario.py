@@ -53,7 +53,7 @@ from typing import Any
 
 import attrs
 
-from skulk.consensus._core import Role
+from skulk.consensus import Role
 from skulk.sim._config import ConfigError, SimConfig
 from skulk.sim._faults import Action, PlanError, sort_plan, validate
 from skulk.sim._mutants import MUTANTS, find_mutant

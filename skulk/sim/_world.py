@@ -30,19 +30,23 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from skulk.cluster import encode_command
-from skulk.consensus._core import NotLeader, ProposalRefused, Role
-from skulk.consensus._storage import Storage, StorageCorrupt, verified_regions
-from skulk.consensus._types import (
+from skulk.consensus import (
     Entry,
     Input,
     LogPosition,
     Message,
+    NotLeader,
+    ProposalRefused,
     Propose,
     Ready,
     Receive,
     Recovered,
+    Role,
     Snapshot,
+    Storage,
+    StorageCorrupt,
     Tick,
+    verified_regions,
 )
 from skulk.sim._admin import Admin
 from skulk.sim._commands import CommandMaker

@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from skulk.sim._scenario import (
-    CHECKS,
-    ScenarioError,
-    load_scenario,
-    run_scenario,
-    scenario_paths,
-)
+from skulk.sim import load_scenario, run_scenario
+from skulk.sim._scenario import CHECKS, ScenarioError, scenario_paths
 
 PATHS = scenario_paths()
 
