@@ -35,10 +35,11 @@ from ._disk import Disk, DiskError, DiskFull
 from ._driver import DriverConfig, RaftDriver
 from ._errors import ConsensusError, NoQuorum, SubmitTimeout, Unavailable, UnavailableReason
 from ._machine import Counter, Sessions, SessionState, StateMachine
+from ._meshtransport import SUBMIT_METHOD, MeshTransport
 from ._osdisk import OsDisk
 from ._service import ConsensusService
 from ._storage import Storage, StorageCorrupt, StorageFailed, verified_regions
-from ._transport import SUBMIT_METHOD, MemoryNetwork, MeshTransport
+from ._transport import MemoryNetwork
 from ._types import (
     AppendReply,
     AppendRequest,

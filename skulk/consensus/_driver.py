@@ -39,13 +39,7 @@ from ._core import Role
 from ._driverconfig import DriverConfig as DriverConfig
 from ._driverconfig import DriverStatistics as DriverStatistics
 from ._driverstorage import DriverStorage, log
-from ._errors import (
-    NoQuorum,
-    NotLeader,
-    ProposalRefused,
-    Unavailable,
-    UnavailableReason,
-)
+from ._errors import NoQuorum, NotLeader, ProposalRefused, Unavailable, UnavailableReason
 from ._machine import S
 from ._submitting import Submitting
 from ._types import (

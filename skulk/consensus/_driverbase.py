@@ -23,14 +23,7 @@ from ._driverconfig import DriverConfig, Storage, StorageOpener
 from ._errors import UnavailableReason
 from ._machine import S, Sessions, SessionState, StateMachine
 from ._transport import Transport
-from ._types import (
-    Entry,
-    HardState,
-    Input,
-    NodeId,
-    Ready,
-    Snapshot,
-)
+from ._types import Entry, HardState, Input, NodeId, Ready, Snapshot
 
 
 class DriverBase(Generic[S]):

@@ -24,8 +24,8 @@ from ._errors import (
     Unavailable,
     UnavailableReason,
 )
+from ._forwarding import SubmitRequest
 from ._machine import S
-from ._transport import SubmitRequest
 from ._types import NodeId, Propose
 
 

@@ -48,7 +48,7 @@ from skulk.consensus import (
     UnavailableReason,
 )
 from skulk.consensus._batch import Batch
-from skulk.consensus._transport import REPLY_CODEC, reply_for, result_of
+from skulk.consensus._forwarding import REPLY_CODEC, reply_for, result_of
 from skulk.federation import ClusterSecret, Mesh
 from skulk.wire import SnapshotCorrupt, pack, unpack, unpack_as
 
