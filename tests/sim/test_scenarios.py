@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from skulk.sim import load_scenario, run_scenario
-from skulk.sim._scenario import CHECKS, ScenarioError, scenario_paths
+from skulk.sim._scenario import scenario_paths
+from skulk.sim._scenariochecks import CHECKS, ScenarioError
 
 PATHS = scenario_paths()
 
