@@ -14,18 +14,26 @@ Quick use::
     from skulk.wire.cluster import UpsertNode
 
     state, result = apply(State(), UpsertNode("a", "127.0.0.1:8000", "127.0.0.1:9000", at=0))
+
+Through Raft: a command travels as ``encode_command(command)`` (:data:`COMMAND_CODEC`); the
+submitter reads ``decode_result(data)`` (:data:`RESULT_CODEC`). The leader's side::
+
+    from skulk.cluster import plan, PlacementRequest, next_commands, LeaderView
+
+:func:`plan` answers a :class:`Plan` or a typed :data:`PlacementFailure`
+(:class:`NotEnoughMemory`, :class:`NoCandidateNodes`, ...); :func:`state_hash` is the State's
+canonical digest (replicas compare it).
 """
 
-from ._apply import apply
+from ._apply import COMMAND_CODEC, apply
 from ._duties import (
-    VICTIM_FAILURES,
     LeaderView,
     Reachable,
     culprit_nodes,
     failed_nodes,
     next_commands,
 )
-from ._machine import ClusterMachine, decode_result, encode_command
+from ._machine import RESULT_CODEC, ClusterMachine, decode_result, encode_command
 from ._placement import (
     ModelNeeds,
     NoCandidateNodes,
@@ -37,27 +45,25 @@ from ._placement import (
     PlacementPolicy,
     PlacementRequest,
     Plan,
-    ShardPlan,
     UnknownModel,
     UnsupportedSharding,
     addresses_in_use,
-    compute_address,
     held_bytes,
     model_needs,
     node_capacities,
     plan,
 )
-from ._state import Instance, Node, Runner, State, state_hash
+from ._state import Instance, State, state_hash
 
 __all__ = [
-    "VICTIM_FAILURES",
+    "COMMAND_CODEC",
+    "RESULT_CODEC",
     "ClusterMachine",
     "Instance",
     "LeaderView",
     "ModelNeeds",
     "NoCandidateNodes",
     "NoComputePort",
-    "Node",
     "NodeCapacity",
     "NotEnoughMemory",
     "PlacementFailure",
@@ -66,14 +72,11 @@ __all__ = [
     "PlacementRequest",
     "Plan",
     "Reachable",
-    "Runner",
-    "ShardPlan",
     "State",
     "UnknownModel",
     "UnsupportedSharding",
     "addresses_in_use",
     "apply",
-    "compute_address",
     "culprit_nodes",
     "decode_result",
     "encode_command",

@@ -6,12 +6,12 @@ strict codec; its result bytes are the encoded :data:`~skulk.wire.cluster.Cluste
 entry that is not a command (a leader's no-op, a membership change) leaves the State as it is
 and answers ``b""``. A command that does not decode is ``Rejected("undecodable")``, never an
 exception: a bad entry in the log must not stop a replica. Snapshots are the State's canonical
-CBOR compressed with zstd (:func:`skulk.consensus.pack`).
+CBOR compressed with zstd (:func:`skulk.wire.pack`).
 """
 
 from __future__ import annotations
 
-from ..wire import Codec, WireError
+from ..wire import Codec, SnapshotCorrupt, WireError, pack, unpack
 from ..wire.cluster import ClusterCommand, ClusterResult, Rejected
 from ..wire.raft import Entry, EntryKind
 from ._apply import COMMAND_CODEC, apply
@@ -49,15 +49,10 @@ class ClusterMachine:
         return state, RESULT_CODEC.encode(result)
 
     def snapshot(self, state: State) -> bytes:
-        from ..consensus._machine import pack  # the consensus layer's image format
-
         return pack(STATE_CODEC.unstructure(state))
 
     def restore(self, data: bytes) -> State:
         """The State an image holds; ``SnapshotCorrupt`` for anything else."""
-        from ..consensus._errors import SnapshotCorrupt
-        from ..consensus._machine import unpack
-
         try:
             return STATE_CODEC.structure(unpack(data))
         except WireError as exc:

@@ -1,6 +1,6 @@
 """Consensus: a Raft replicated log (sans-IO core), its durable storage and its Trio driver.
 
-The core::
+The core (pure: no I/O, no clock; the simulator and the driver feed it inputs)::
 
     from skulk.consensus import RaftCore, RaftConfig, Recovered, Tick, Receive, Propose
 
@@ -11,29 +11,35 @@ The core::
 See :mod:`skulk.consensus._core` for the protocol, :mod:`skulk.consensus._types` for the
 values and ``specs/consensus.md`` for the normative description.
 
-Around it: :class:`Storage` (durable log and snapshots over a :class:`OsDisk`), the Trio
-:class:`RaftDriver` (persist, then send, then apply; submissions from any node), the
-:class:`StateMachine` interface with exactly-once :class:`Sessions`, transports
-(:class:`MeshTransport` over federation links, :class:`MemoryNetwork` for tests) and the
-:class:`ConsensusService` that ``serve`` runs.
+Durable storage: :class:`Storage` keeps the log, hard state and snapshots on a :class:`Disk`
+(:class:`OsDisk` is a real directory; the simulator brings its own). The Trio driver around
+core and storage (persist, then send, then apply; submissions from any node are forwarded to
+the leader) applies committed entries to a :class:`StateMachine`, exactly once per
+``(client_id, seq)`` (:class:`Sessions`)::
+
+    driver = RaftDriver("n1", voters=("n1", "n2", "n3"), machine=Counter(),
+                        open_storage=lambda: Storage.open(OsDisk(path)),
+                        transport=MeshTransport(mesh), config=DriverConfig())
+    await nursery.start(driver.run)
+    result = await driver.submit(b"incr", client_id="c1", seq=1, timeout=5.0)
+
+Its typed failures are :class:`ConsensusError`\\ s (:class:`NoQuorum`, :class:`SubmitTimeout`,
+:class:`Unavailable`, ...). Transports: :class:`MeshTransport` over federation links (its rpc
+method is :data:`SUBMIT_METHOD`), :class:`MemoryNetwork` for tests. :class:`ConsensusService`
+is what ``serve`` runs: storage, driver and membership upkeep for one node. Snapshot images use
+:func:`skulk.wire.pack`.
 """
 
-from ._core import NotLeader, ProposalRefused, RaftConfig, RaftCore, RaftStatistics, Role
-from ._driver import DriverConfig, DriverStatistics, RaftDriver
-from ._errors import (
-    ConsensusError,
-    NoQuorum,
-    SnapshotCorrupt,
-    SubmitTimeout,
-    Unavailable,
-    UnavailableReason,
-)
-from ._log import LogConflict
-from ._machine import Sessions, StateMachine, pack, unpack, unpack_as
+from ._core import NotLeader, ProposalRefused, RaftConfig, RaftCore, Role
+from ._disk import Disk, DiskError, DiskFull
+from ._driver import DriverConfig, RaftDriver
+from ._errors import ConsensusError, NoQuorum, SubmitTimeout, Unavailable, UnavailableReason
+from ._machine import Counter, Sessions, SessionState, StateMachine
+from ._meshtransport import SUBMIT_METHOD, MeshTransport
 from ._osdisk import OsDisk
 from ._service import ConsensusService
-from ._storage import Storage, StorageCorrupt, StorageError
-from ._transport import SUBMIT_METHOD, MemoryNetwork, MeshTransport, Transport
+from ._storage import Storage, StorageCorrupt, StorageFailed, verified_regions
+from ._transport import MemoryNetwork
 from ._types import (
     AppendReply,
     AppendRequest,
@@ -46,7 +52,6 @@ from ._types import (
     Input,
     LogPosition,
     Message,
-    NodeId,
     Payload,
     Propose,
     ProposeConfChange,
@@ -73,19 +78,20 @@ __all__ = [
     "ConfState",
     "ConsensusError",
     "ConsensusService",
+    "Counter",
+    "Disk",
+    "DiskError",
+    "DiskFull",
     "DriverConfig",
-    "DriverStatistics",
     "Entry",
     "EntryKind",
     "HardState",
     "Input",
-    "LogConflict",
     "LogPosition",
     "MemoryNetwork",
     "MeshTransport",
     "Message",
     "NoQuorum",
-    "NodeId",
     "NotLeader",
     "OsDisk",
     "Payload",
@@ -95,31 +101,27 @@ __all__ = [
     "RaftConfig",
     "RaftCore",
     "RaftDriver",
-    "RaftStatistics",
     "Ready",
     "Receive",
     "Recovered",
     "Role",
+    "SessionState",
     "Sessions",
     "Snapshot",
     "SnapshotChunk",
-    "SnapshotCorrupt",
     "SnapshotMeta",
     "SnapshotReply",
     "StateMachine",
     "Storage",
     "StorageCorrupt",
-    "StorageError",
+    "StorageFailed",
     "SubmitTimeout",
     "Tick",
     "TimeoutNow",
     "TransferLeadership",
-    "Transport",
     "Unavailable",
     "UnavailableReason",
     "VoteReply",
     "VoteRequest",
-    "pack",
-    "unpack",
-    "unpack_as",
+    "verified_regions",
 ]

@@ -14,7 +14,7 @@
   term that continue each other, up to :data:`MAX_COALESCED_ENTRIES` entries; successful
   AppendReplies of one term).
 
-Used by :mod:`skulk.consensus._driver`.
+Used by the driver (:mod:`skulk.consensus._driver` and its parts).
 """
 
 from __future__ import annotations

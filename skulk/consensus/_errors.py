@@ -9,14 +9,14 @@ Every failure of a submission says what the caller may do next:
   *as far as this node knows*; retrying with the same ``(client_id, seq)`` is always safe.
 * :class:`SubmitTimeout` -- a leader took the command but its commit was not seen before the
   deadline: the outcome is unknown. Retry with the same ``(client_id, seq)``: the command
-  applies at most once (:class:`~skulk.consensus._machine.Sessions`).
+  applies at most once (:class:`~skulk.consensus.Sessions`).
 * :class:`Unavailable` -- this node cannot take part now (``reason``): its storage failed
   (disk full, I/O error; it recovers by itself when the disk does), it is not running, or it
   has too many submissions in flight. Try another node or later.
 
 :class:`ForwardFailed` is the transports' "could not reach that peer" and never escapes
-:meth:`RaftDriver.submit` (which retries until its deadline). :class:`SnapshotCorrupt` is
-raised when a state-machine image cannot be decoded.
+:meth:`RaftDriver.submit` (which retries until its deadline). A state-machine image that
+cannot be decoded is :class:`skulk.wire.SnapshotCorrupt`, with the image format.
 """
 
 from __future__ import annotations
@@ -96,8 +96,3 @@ class ForwardFailed(ConsensusError):
         super().__init__(f"forwarding to {peer} failed: {detail}")
         self.peer = peer
         self.detail = detail
-
-
-class SnapshotCorrupt(ConsensusError):
-    """A state-machine image is not what :func:`~skulk.consensus._machine.pack` wrote (bad
-    zstd, bad CBOR, over the size limit, wrong shape)."""

@@ -15,8 +15,8 @@ A :class:`StateMachine` is four pure functions over an immutable state ``S``::
 leader puts timestamps inside the command). It sees every committed entry, no-ops and
 membership changes included, in log order; it returns the new state and the command's result
 bytes (what :meth:`RaftDriver.submit` returns). ``snapshot``/``restore`` round-trip a state;
-:func:`pack`/:func:`unpack` give them canonical CBOR compressed with zstd, with a size cap on
-the way in.
+:func:`skulk.wire.pack` / :func:`skulk.wire.unpack` give them canonical CBOR compressed with
+zstd, with a size cap on the way in.
 
 :class:`Sessions` wraps a machine so that commands carrying ``(client_id, seq)`` apply exactly
 once: a command whose ``seq`` is at or below the last one applied for its client is not applied
@@ -28,22 +28,15 @@ same ones); a retry from an evicted client would apply again.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
 import attrs
-import cbor2
-import zstandard
 
-from ._errors import SnapshotCorrupt
+from ..wire import SnapshotCorrupt, pack, unpack_as
 from ._types import Entry, EntryKind
 
 S = TypeVar("S")
-T = TypeVar("T")
-
-MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
-"""Default cap on an unpacked state-machine image."""
 
 
 class StateMachine(Protocol[S]):
@@ -64,41 +57,6 @@ class StateMachine(Protocol[S]):
     def restore(self, data: bytes) -> S:
         """The state an image stands for; :class:`SnapshotCorrupt` if it is not one."""
         ...
-
-
-def pack(value: object) -> bytes:
-    """``value`` (plain CBOR values: ints, strs, bytes, lists, dicts, ...) as canonical CBOR
-    compressed with zstd: equal values give equal bytes."""
-    return zstandard.ZstdCompressor(level=3).compress(cbor2.dumps(value, canonical=True))
-
-
-def unpack(data: bytes, *, max_size: int = MAX_SNAPSHOT_BYTES) -> object:
-    """The value :func:`pack` made; :class:`SnapshotCorrupt` for anything else or for an image
-    over ``max_size`` bytes once decompressed (checked while reading: a frame header's size
-    claim is not trusted)."""
-    try:
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
-            raw = reader.read(max_size + 1)
-    except zstandard.ZstdError as exc:
-        raise SnapshotCorrupt(f"not a zstd frame: {exc}") from None
-    if len(raw) > max_size:
-        raise SnapshotCorrupt(f"image over {max_size} bytes")
-    try:
-        stream = io.BytesIO(raw)
-        value: object = cbor2.CBORDecoder(stream).decode()
-    except (cbor2.CBORDecodeError, ValueError, TypeError, RecursionError) as exc:
-        raise SnapshotCorrupt(f"not CBOR: {exc}") from None
-    if stream.tell() != len(raw):
-        raise SnapshotCorrupt("trailing bytes after the image")
-    return value
-
-
-def unpack_as(data: bytes, kind: type[T], *, max_size: int = MAX_SNAPSHOT_BYTES) -> T:
-    """:func:`unpack`, checking that the value is a ``kind`` (``int``, ``dict``, ...)."""
-    value = unpack(data, max_size=max_size)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SnapshotCorrupt(f"expected {kind.__name__}, got {type(value).__name__}")
-    return value
 
 
 @attrs.frozen

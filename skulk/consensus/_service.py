@@ -32,16 +32,16 @@ from typing import Generic, TypeVar
 import trio
 
 from skulk.federation import Mesh, PeerState, RpcFailed
-from skulk.federation._meshview import JsonValue
+from skulk.wire import JsonValue
 
 from ._core import ProposalRefused, Role
 from ._driver import DriverConfig, RaftDriver
 from ._errors import ConsensusError
 from ._machine import StateMachine
 from ._membership import DEFAULT_MAX_VOTERS, next_change
+from ._meshtransport import SUBMIT_METHOD, MeshTransport
 from ._osdisk import OsDisk
 from ._storage import Storage
-from ._transport import SUBMIT_METHOD, MeshTransport
 from ._types import ConfChange, NodeId, Recovered
 
 log = logging.getLogger("skulk.consensus")

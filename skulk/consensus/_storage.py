@@ -1,9 +1,9 @@
 """Durable storage for the Raft log, written against :class:`~._disk.Disk` only.
 
-The files, the record format and how a directory is read back are in :mod:`._storage_format`:
-log segments (the newest is active; closed ones are compressed), snapshot files, and records
-that are length-prefixed, CRC32C-checked CBOR arrays -- log entries, the hard state, snapshot
-marks and segment headers.
+The files and the record format are in :mod:`._storage_format`, how a directory is read back in
+:mod:`._storage_replay`: log segments (the newest is active; closed ones are compressed),
+snapshot files, and records that are length-prefixed, CRC32C-checked CBOR arrays -- log entries,
+the hard state, snapshot marks and segment headers.
 
 One :meth:`Storage.persist` appends one batch (``mark? entry* hard-state``) with one append and
 one fsync. Every segment starts with a batch ``header, hard-state`` that restates the snapshot
@@ -39,12 +39,12 @@ from ._storage_format import (
     _hard_state_body,
     _Header,
     _header_body,
-    _plan,
     _Pos,
     _put,
     _segment_name,
     _snapshot_name,
 )
+from ._storage_replay import _plan
 from ._types import Entry, HardState, Recovered, Snapshot, SnapshotMeta
 
 __all__ = [

@@ -54,6 +54,7 @@ import trio
 import trio_websocket
 
 from skulk.actors import RestartPolicy
+from skulk.wire import JsonValue
 
 from ._datastream import DataReceiver
 from ._handshake import ClientHandshake, ServerHandshake
@@ -64,7 +65,6 @@ from ._machine import Established, valid_node_id
 from ._meshtable import LinkTable, Target, is_open
 from ._meshview import (
     DEFAULT_LISTEN,
-    JsonValue,
     LinkView,
     MeshAddressError,
     MeshEvent,

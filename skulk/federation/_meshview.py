@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
+
+from skulk.wire import JsonValue
 
 from ._link import Link
 from ._replay import ReplayCacheStatistics
 
 DEFAULT_LISTEN = ("127.0.0.1", 52416)
 """``--listen`` when none is given."""
-
-JsonValue: TypeAlias = "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
 
 
 class PeerState(enum.Enum):

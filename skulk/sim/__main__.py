@@ -32,13 +32,13 @@ from skulk.sim._mutants import MUTANTS, UnknownMutant, find_mutant
 from skulk.sim._repro import ReproError, load_repro, replay, write_repro
 from skulk.sim._run import RunResult, run_seed
 from skulk.sim._scenario import (
-    ScenarioError,
     ScenarioResult,
     find_scenario,
     load_scenario,
     run_scenario,
     scenario_paths,
 )
+from skulk.sim._scenariochecks import ScenarioError
 
 
 class UsageError(ValueError):

@@ -15,8 +15,14 @@ from collections.abc import Callable
 
 import attrs
 
-from skulk.consensus._core import NotLeader, ProposalRefused
-from skulk.consensus._types import ConfChange, Input, ProposeConfChange, TransferLeadership
+from skulk.consensus import (
+    ConfChange,
+    Input,
+    NotLeader,
+    ProposalRefused,
+    ProposeConfChange,
+    TransferLeadership,
+)
 from skulk.sim._faults import Action
 from skulk.sim._node import SimNode
 

@@ -29,9 +29,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from skulk.cluster import Instance, State, decode_result
-from skulk.cluster._apply import COMMAND_CODEC
-from skulk.consensus._types import Entry
+from skulk.cluster import COMMAND_CODEC, Instance, State, decode_result
+from skulk.consensus import Entry
 from skulk.wire import WireError
 from skulk.wire.cluster import Applied, ClusterCommand, ClusterResult, PlaceInstance, Rejected
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from skulk.consensus._core import RaftConfig
+from skulk.consensus import RaftConfig
 
 
 class ConfigError(ValueError):

@@ -1,4 +1,4 @@
-"""A :class:`~skulk.consensus._disk.Disk` wrapper for process-level faults on a :class:`SimDisk`.
+"""A :class:`~skulk.consensus.Disk` wrapper for process-level faults on a :class:`SimDisk`.
 
 The simulated disk (:mod:`skulk.sim._disk`) models the *device*: lost un-fsynced data, torn
 writes, ENOSPC. This wrapper adds the faults that kill the *process* at a chosen point -- a
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 
-from skulk.consensus._disk import DiskError
+from skulk.consensus import DiskError
 from skulk.sim._disk import SimDisk, SimulatedCrash
 
 SimCrash = SimulatedCrash

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~skulk.consensus._disk.Disk` that loses what was not synced.
+"""An in-memory :class:`~skulk.consensus.Disk` that loses what was not synced.
 
 :class:`SimDisk` models a device under a process that may die at any moment:
 
@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from skulk.consensus._disk import DiskError, DiskFull
+from skulk.consensus import DiskError, DiskFull
 
 __all__ = ["SimDisk", "SimDiskStatistics", "SimulatedCrash"]
 
@@ -217,7 +217,7 @@ class SimDisk:
         """Flip one random bit of a *synced* byte inside ``regions`` (name -> ``[start, end)``
         byte range), chosen uniformly over all eligible bytes. Synced: within the durable
         content and equal to the volatile byte. Returns ``(name, offset, bit)``, or None if
-        no byte is eligible. ``skulk.consensus._storage.verified_regions`` gives the regions in
+        no byte is eligible. ``skulk.consensus.verified_regions`` gives the regions in
         which storage promises to detect damage."""
         spans: list[tuple[str, int, int]] = []
         for name in sorted(regions):

@@ -49,154 +49,38 @@ change, a retry) must leave the cluster State as it was (``noop_changed_state``)
 must decode (``bad_result``).
 
 Everything is keyed by ints and node ids; nothing depends on hash-ordered iteration.
+
+:class:`Checker` is one object in three files: its records and the per-node tracks
+(:mod:`._checkstate`), the state-machine and end-of-run checks (:mod:`._applychecks`) and, here,
+the Raft checks on deliveries, storage and each step.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-import attrs
-
-from skulk.cluster import decode_result
-from skulk.cluster import state_hash as cluster_state_hash
-from skulk.cluster._apply import COMMAND_CODEC
-from skulk.consensus._core import Role
-from skulk.consensus._types import (
+from skulk.consensus import (
     Entry,
-    HardState,
     Input,
     Message,
     Ready,
     Receive,
     Recovered,
-    Snapshot,
+    Role,
     TimeoutNow,
     VoteReply,
 )
-from skulk.sim._clusterchecks import outcome_key, result_text, transition_problem
-from skulk.sim._statemachine import (
-    INITIAL,
-    MACHINE,
-    Machine,
-    SmState,
-    decode_state,
-    replay,
-    state_hash,
-)
-from skulk.wire import WireError
-from skulk.wire.cluster import ClusterCommand, ClusterResult
+from skulk.sim._applychecks import ApplyChecks
+from skulk.sim._checkstate import NodeTrack, Violation, ViolationFound, chain_hash
 
-Ack = tuple[str, int, int, int, bytes]
-"""An acknowledged command: ``(client_id, seq, index, term, result)``."""
-
-GENESIS = b"\x00" * 32
+__all__ = ["Checker", "Violation", "ViolationFound"]
 
 
-@attrs.frozen
-class Violation:
-    """A broken invariant: its ``name``, when (tick), where (node, or ``""``) and details."""
-
-    name: str
-    time: int
-    node: str
-    details: str
-
-    def __str__(self) -> str:
-        where = f" on {self.node}" if self.node else ""
-        return f"{self.name} at t={self.time}{where}: {self.details}"
-
-
-class ViolationFound(Exception):
-    def __init__(self, violation: Violation) -> None:
-        super().__init__(str(violation))
-        self.violation = violation
-
-
-def chain_hash(prev: bytes, entry: Entry) -> bytes:
-    """The hash chain link for ``entry`` after a prefix whose chain hash is ``prev``."""
-    conf = f"{entry.conf.op}:{entry.conf.node}" if entry.conf is not None else ""
-    head = f"{entry.index}|{entry.term}|{entry.kind.value}|{entry.client_id}|{entry.seq}|{conf}|"
-    return hashlib.sha256(prev + head.encode() + entry.data).digest()
-
-
-@attrs.define
-class NodeTrack:
-    """What the checker knows about one node."""
-
-    snap_index: int = 0
-    snap_term: int = 0
-    snap_chain: bytes | None = None
-    log: dict[int, tuple[int, bytes]] = attrs.Factory(dict)
-    last: int = 0
-    hs: HardState = attrs.Factory(HardState)
-    started: bool = False
-    life_term: int = 0
-    life_commit: int = 0
-    applied: int = 0
-    max_applied: int = 0
-    """Highest index applied in any life (applied must get back there after a restart)."""
-    leader_term: int = 0
-    role: Role | None = None
-    prevote_grants: dict[int, set[str]] = attrs.Factory(dict)
-    truncations: int = 0
-    restores: int = 0
-
-    def chain_at(self, index: int) -> bytes | None:
-        if index == self.snap_index:
-            return self.snap_chain
-        got = self.log.get(index)
-        return got[1] if got is not None else None
-
-    def term_at(self, index: int) -> int | None:
-        if index == self.snap_index:
-            return self.snap_term
-        got = self.log.get(index)
-        return got[0] if got is not None else None
-
-
-class Checker:
+class Checker(ApplyChecks):
     """The invariant checker. ``clock`` returns the current tick (for violation reports);
     ``require_pre_vote`` enables ``prevote_discipline`` (set from the simulation's intended
     configuration, not the possibly-mutated core's); ``machine`` replays the log at the end
     (the nodes' own, so that only impurity, not a mutant's semantics, makes a replay differ)."""
-
-    def __init__(
-        self,
-        clock: Callable[[], int],
-        *,
-        require_pre_vote: bool = True,
-        machine: Machine = MACHINE,
-    ) -> None:
-        self._clock = clock
-        self.require_pre_vote = require_pre_vote
-        self.machine = machine
-        self.tracks: dict[str, NodeTrack] = {}
-        self.chains: dict[tuple[int, int], bytes] = {(0, 0): GENESIS}
-        self.leaders: dict[int, str] = {}
-        self.commit_by_term: dict[int, int] = {}
-        self.committed: dict[int, bytes] = {}
-        self.applied_entries: dict[int, Entry] = {}
-        self.applied_state: dict[int, SmState] = {0: INITIAL}
-        self.applied_results: dict[int, bytes] = {}
-        self._decoded: dict[int, tuple[ClusterCommand | None, ClusterResult | None]] = {}
-        self.command_stats: dict[str, int] = {}
-        """After :meth:`final_replay`: ``"Kind:applied"`` / ``"Kind:reason"`` -> how many
-        effective commands of the log had that outcome."""
-
-    # --- helpers ------------------------------------------------------------------------
-
-    def fail(self, name: str, node: str, details: str) -> None:
-        raise ViolationFound(Violation(name, self._clock(), node, details))
-
-    def track(self, node: str) -> NodeTrack:
-        tr = self.tracks.get(node)
-        if tr is None:
-            tr = self.tracks[node] = NodeTrack()
-        return tr
-
-    def max_committed(self) -> int:
-        return max(self.commit_by_term.values(), default=0)
 
     # --- deliveries ---------------------------------------------------------------------
 
@@ -327,113 +211,6 @@ class Checker:
             tr.log[i] = (e.term, chain)
             tr.last = i
 
-    # --- state machine --------------------------------------------------------------------
-
-    def on_restored(self, node: str, snapshot: Snapshot, state: SmState) -> None:
-        tr = self.track(node)
-        meta = snapshot.meta
-        state = decode_state(snapshot.data, machine=self.machine)
-        if state.applied != meta.index:
-            self.fail(
-                "restore_mismatch", node, f"snapshot {meta.index} holds state at {state.applied}"
-            )
-        if meta.index < tr.applied:
-            self.fail("monotonic_applied", node, f"restored {meta.index} after {tr.applied}")
-        self._record_state(node, meta.index, state)
-        tr.applied = meta.index
-
-    def on_applied(
-        self,
-        node: str,
-        entry: Entry,
-        commit: int,
-        state: SmState,
-        *,
-        before: SmState,
-        effective: bool,
-        result: bytes,
-    ) -> None:
-        """``node`` applied ``entry`` (its commit index is ``commit``) to ``before`` and is now
-        in ``state``; ``effective``: it reached the cluster machine, answering ``result``."""
-        tr = self.track(node)
-        i = entry.index
-        if i != tr.applied + 1:
-            self.fail("apply_gap", node, f"applied {i} after {tr.applied}")
-        if i > commit:
-            self.fail("apply_beyond_commit", node, f"applied {i} with commit {commit}")
-        known = self.applied_entries.setdefault(i, entry)
-        if known != entry:
-            self.fail(
-                "state_machine_safety", node, f"applied {entry} at {i}; another applied {known}"
-            )
-        self._record_state(node, i, state)
-        known_result = self.applied_results.setdefault(i, result)
-        if known_result != result:
-            self.fail(
-                "state_machine_safety",
-                node,
-                f"entry {i} answered {result_text(result)}; another node's answered "
-                f"{result_text(known_result)}",
-            )
-        self._check_cluster(node, entry, before, state, effective, result)
-        tr.applied = i
-        tr.max_applied = max(tr.max_applied, i)
-
-    def _check_cluster(
-        self,
-        node: str,
-        entry: Entry,
-        before: SmState,
-        after: SmState,
-        effective: bool,
-        result: bytes,
-    ) -> None:
-        """The cluster State oracles (:mod:`skulk.sim._clusterchecks`) on one replica's step."""
-        old, new = before.cluster, after.cluster
-        if not effective:
-            if new is not old and new != old:
-                self.fail(
-                    "noop_changed_state",
-                    node,
-                    f"entry {entry.index} ({entry.kind.value}, {entry.client_id}:{entry.seq}) "
-                    "did not take effect yet changed the cluster State",
-                )
-            return
-        decoded = self._decoded.get(entry.index)
-        if decoded is None:
-            decoded = self._decoded[entry.index] = self._decode(node, entry, result)
-        problem = transition_problem(old, new, *decoded)
-        if problem is not None:
-            name, details = problem
-            self.fail(name, node, f"at index {entry.index}: {details}")
-
-    def _decode(
-        self, node: str, entry: Entry, result: bytes
-    ) -> tuple[ClusterCommand | None, ClusterResult | None]:
-        try:
-            answer = decode_result(result)
-        except WireError as exc:
-            self.fail("bad_result", node, f"entry {entry.index} answered {result!r:.60}: {exc}")
-            raise  # unreachable: fail raises
-        try:
-            command: ClusterCommand | None = COMMAND_CODEC.decode(entry.data)
-        except WireError:
-            command = None
-        return command, answer
-
-    def _record_state(self, node: str, index: int, state: SmState) -> None:
-        known = self.applied_state.setdefault(index, state)
-        if known != state:  # cheaper than hashing every state; same meaning
-            mine, theirs = cluster_state_hash(state.cluster), cluster_state_hash(known.cluster)
-            self.fail(
-                "state_machine_safety",
-                node,
-                f"state hash at applied index {index} is {state_hash(state).hex()[:12]}, "
-                f"another node had {state_hash(known).hex()[:12]} (cluster state_hash "
-                f"{mine[:12]} vs {theirs[:12]}"
-                f"{'' if mine != theirs else '; sessions or digest differ'})",
-            )
-
     # --- after each step ------------------------------------------------------------------
 
     def on_stepped(
@@ -541,73 +318,6 @@ class Checker:
                 node,
                 f"leader of term {term} has a different entry at committed index {upto}",
             )
-
-    # --- acknowledgements ---------------------------------------------------------------
-
-    def check_acks(self, acks: Iterable[Ack]) -> None:
-        """Every acknowledged command ``(client_id, seq, index, term, result)`` is the entry the
-        oracle holds at ``index``, answered ``result`` there (run periodically on new
-        acknowledgements, and at the end)."""
-        for client, seq, index, term, result in acks:
-            e = self.applied_entries.get(index)
-            if e is None or (e.client_id, e.seq, e.term) != (client, seq, term):
-                self.fail(
-                    "ack_lost", "", f"acknowledged ({client}, {seq}) at {index}@{term}; log has {e}"
-                )
-            if self.applied_results.get(index, result) != result:
-                self.fail(
-                    "ack_result",
-                    "",
-                    f"({client}, {seq}) was told {result_text(result)}; entry {index} answered "
-                    f"{result_text(self.applied_results[index])}",
-                )
-
-    # --- end of run -----------------------------------------------------------------------
-
-    def final_replay(self, acks: Iterable[Ack]) -> int:
-        """Replay the oracle log from scratch; check recorded state hashes and acknowledged
-        commands ``(client_id, seq, index, term, result)``: in the log, effective once, and
-        told the result of that effective application (a retry's cached answer included).
-        Fills :attr:`command_stats`. Returns the replayed length."""
-        top = max(self.applied_entries, default=0)
-        entries: list[Entry] = []
-        for i in range(1, top + 1):
-            e = self.applied_entries.get(i)
-            if e is None:
-                self.fail("replay_mismatch", "", f"no node applied {i} (applied up to {top})")
-            assert e is not None
-            entries.append(e)
-        effective: dict[tuple[str, int], int] = {}
-        answered: dict[tuple[str, int], bytes] = {}
-        stats: dict[str, int] = {}
-        replayed = replay(entries, machine=self.machine)
-        for e, (state, eff, result) in zip(entries, replayed, strict=True):
-            known = self.applied_state.get(e.index)
-            if known is not None and known != state:
-                self.fail("replay_mismatch", "", f"replayed state at {e.index} differs")
-            if eff:
-                key = outcome_key(e, result)
-                stats[key] = stats.get(key, 0) + 1
-            if eff and e.client_id:
-                ck = (e.client_id, e.seq)
-                effective[ck] = effective.get(ck, 0) + 1
-                answered[ck] = result
-                if effective[ck] > 1:
-                    self.fail("applied_twice", "", f"command {ck} applied twice")
-        acks = list(acks)
-        self.check_acks(acks)
-        for client, seq, index, _, result in acks:
-            if effective.get((client, seq), 0) != 1:
-                self.fail("ack_lost", "", f"acknowledged ({client}, {seq}) never took effect")
-            if answered[(client, seq)] != result:
-                self.fail(
-                    "ack_result",
-                    "",
-                    f"({client}, {seq}) was told {result_text(result)} at {index}; it took "
-                    f"effect answering {result_text(answered[(client, seq)])}",
-                )
-        self.command_stats = dict(sorted(stats.items()))
-        return top
 
 
 def _span(pairs: list[tuple[int, int]]) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import attrs
 
-from skulk.consensus._core import RaftCore
+from skulk.consensus import RaftCore
 from skulk.sim._invariants import Violation
 
 

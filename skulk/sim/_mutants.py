@@ -1,7 +1,7 @@
 """Negative controls: deliberately broken variants the harness must catch.
 
 Each :class:`Mutant` breaks exactly one thing, through one of the core's ``_rule_*`` methods
-(kept apart in :class:`~skulk.consensus._core.RaftCore` for this purpose), the Raft
+(kept apart in :class:`~skulk.consensus.RaftCore` for this purpose), the Raft
 configuration, the storage, the disk or the cluster State's ``apply``:
 
 ======================  ====================================================================
@@ -43,13 +43,22 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from skulk.cluster import ClusterMachine, State
+from skulk.cluster import COMMAND_CODEC, RESULT_CODEC, ClusterMachine, State
 from skulk.cluster import apply as cluster_apply
-from skulk.cluster._apply import COMMAND_CODEC
-from skulk.cluster._machine import RESULT_CODEC
-from skulk.consensus._core import RaftConfig, RaftCore, Role
-from skulk.consensus._machine import Sessions, SessionState, StateMachine
-from skulk.consensus._types import Entry, EntryKind, HardState, Recovered, Snapshot, VoteReply
+from skulk.consensus import (
+    Entry,
+    EntryKind,
+    HardState,
+    RaftConfig,
+    RaftCore,
+    Recovered,
+    Role,
+    Sessions,
+    SessionState,
+    Snapshot,
+    StateMachine,
+    VoteReply,
+)
 from skulk.sim._crashdisk import CrashingDisk
 from skulk.sim._node import MakeCore, OpenStorage, StorageLike
 from skulk.sim._statemachine import Machine, real_machine

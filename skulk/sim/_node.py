@@ -1,7 +1,7 @@
 """One simulated node: a real :class:`RaftCore` over real storage logic on a simulated disk.
 
 :class:`SimNode` is the simulator's driver, doing what the Trio driver does, in the order
-:class:`~skulk.consensus._types.Ready` prescribes:
+:class:`~skulk.consensus.Ready` prescribes:
 
 1. ``core.step(input)``;
 2. persist ``snapshot`` / ``entries`` / ``hard_state`` through storage (``DiskFull``: the node
@@ -31,20 +31,23 @@ from typing import Protocol
 
 import attrs
 
-from skulk.consensus._core import RaftConfig, RaftCore
-from skulk.consensus._disk import DiskError, DiskFull
-from skulk.consensus._storage import StorageCorrupt, StorageFailed
-from skulk.consensus._types import (
+from skulk.consensus import (
     Compact,
     ConfState,
+    DiskError,
+    DiskFull,
     Entry,
     HardState,
     Input,
     Message,
+    RaftConfig,
+    RaftCore,
     Ready,
     Recovered,
     Snapshot,
     SnapshotMeta,
+    StorageCorrupt,
+    StorageFailed,
 )
 from skulk.sim._crashdisk import CrashingDisk, SimCrash
 from skulk.sim._disk import SimDisk
@@ -70,7 +73,7 @@ class NodeStatus(enum.Enum):
 
 
 class StorageLike(Protocol):
-    """What the node needs from storage (``skulk.consensus._storage.Storage``)."""
+    """What the node needs from storage (``skulk.consensus.Storage``)."""
 
     def persist(
         self,

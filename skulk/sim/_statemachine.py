@@ -34,9 +34,8 @@ import attrs
 
 from skulk.cluster import ClusterMachine, State
 from skulk.cluster import state_hash as cluster_state_hash
-from skulk.consensus._errors import SnapshotCorrupt
-from skulk.consensus._machine import Sessions, SessionState, StateMachine, pack, unpack_as
-from skulk.consensus._types import Entry, EntryKind
+from skulk.consensus import Entry, EntryKind, Sessions, SessionState, StateMachine
+from skulk.wire import SnapshotCorrupt, pack, unpack_as
 
 GENESIS_DIGEST = b"\x00" * 32
 

@@ -12,7 +12,7 @@ import hashlib
 from collections import deque
 from collections.abc import Callable
 
-from skulk.consensus._types import (
+from skulk.consensus import (
     AppendReply,
     AppendRequest,
     Message,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from skulk.consensus._types import Entry, LogPosition
+from skulk.consensus import Entry, LogPosition
 
 
 class Outcome(enum.Enum):

@@ -17,6 +17,14 @@ same way. Decoding is strict: unknown keys, wrong types (no coercion), unknown t
 map keys, CBOR tags, trailing bytes and oversized frames are typed :class:`WireError`\\ s, and
 untrusted input never raises anything else. See ``specs/wire.cddl`` for the normative format
 and :mod:`skulk.wire._convert` for the type rules.
+
+Two small helpers that are not frames: state-machine snapshot images (canonical CBOR compressed
+with zstd, :mod:`skulk.wire._image`) and the type of a JSON view::
+
+    from skulk.wire import pack, unpack, unpack_as, SnapshotCorrupt, JsonValue
+
+    image = pack({"nodes": [...]})   # equal values give equal bytes
+    value = unpack_as(image, dict)   # SnapshotCorrupt for anything pack() did not write
 """
 
 from ._codec import DEFAULT_MAX_DEPTH, DEFAULT_MAX_FRAME_SIZE, Codec
@@ -35,6 +43,8 @@ from ._errors import (
     WireError,
 )
 from ._framing import LENGTH_PREFIX_SIZE, FrameReader
+from ._image import SnapshotCorrupt, pack, unpack, unpack_as
+from ._json import JsonValue
 from ._schema import TAG_KEY
 
 __all__ = [
@@ -48,12 +58,17 @@ __all__ = [
     "ForbiddenTag",
     "FrameReader",
     "FrameTooLarge",
+    "JsonValue",
     "MalformedFrame",
     "NestingTooDeep",
     "ReaderPoisoned",
     "SchemaError",
+    "SnapshotCorrupt",
     "TrailingBytes",
     "TruncatedFrame",
     "UnknownTag",
     "WireError",
+    "pack",
+    "unpack",
+    "unpack_as",
 ]

@@ -6,14 +6,8 @@ import random
 
 import pytest
 
-from skulk.sim._faults import (
-    Action,
-    PlanError,
-    bind_leader,
-    plan_from_json,
-    plan_to_json,
-    validate,
-)
+from skulk.sim import Action, PlanError
+from skulk.sim._faults import bind_leader, plan_from_json, plan_to_json, validate
 from skulk.sim._swarm import HUNT_CORE, TRIGGERED, PlanShape, Swarm, draw_swarm, random_plan
 
 NODES = ("n1", "n2", "n3", "n4", "n5")

@@ -8,8 +8,7 @@ import attrs
 import pytest
 
 from skulk.cluster import encode_command
-from skulk.consensus._core import Role
-from skulk.consensus._types import (
+from skulk.consensus import (
     ConfState,
     Entry,
     EntryKind,
@@ -17,12 +16,13 @@ from skulk.consensus._types import (
     Message,
     Ready,
     Recovered,
+    Role,
     Snapshot,
     SnapshotMeta,
     VoteReply,
 )
+from skulk.sim import MUTANTS
 from skulk.sim._invariants import Checker, ViolationFound
-from skulk.sim._mutants import MUTANTS
 from skulk.sim._statemachine import INITIAL, SmState, apply_entry, encode_state
 from skulk.wire.cluster import (
     Architecture,

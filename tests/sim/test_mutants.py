@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from skulk.sim import MUTANTS, Mutant, Scenario, SimConfig, run_seed
-from skulk.sim._scenario import load_scenario, run_scenario, scenario_paths
+from skulk.sim import MUTANTS, Mutant, Scenario, SimConfig, load_scenario, run_scenario, run_seed
+from skulk.sim._scenario import scenario_paths
 
 SEED_BOUND = 300
 CONFIG = SimConfig()  # what `python -m skulk.sim run` runs

@@ -6,13 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from skulk.sim._scenario import (
-    CHECKS,
-    ScenarioError,
-    load_scenario,
-    run_scenario,
-    scenario_paths,
-)
+from skulk.sim import load_scenario, run_scenario
+from skulk.sim._scenario import scenario_paths
+from skulk.sim._scenariochecks import CHECKS, ScenarioError
 
 PATHS = scenario_paths()
 

@@ -17,8 +17,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from skulk.sim import SimConfig, run_seed
-from skulk.sim._run import RunResult
+from skulk.sim import RunResult, SimConfig, run_seed
 
 SEEDS = int(os.environ.get("SKULK_SIM_SEEDS", "200"))
 STEPS = int(os.environ.get("SKULK_SIM_STEPS", "600"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from skulk.cluster import decode_result, encode_command
-from skulk.consensus._types import ConfChange, Entry, EntryKind
+from skulk.consensus import ConfChange, Entry, EntryKind
 from skulk.sim._statemachine import (
     INITIAL,
     BadSnapshotData,

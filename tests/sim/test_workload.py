@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from skulk.consensus._types import Entry, EntryKind, LogPosition
+from skulk.consensus import Entry, EntryKind, LogPosition
 from skulk.sim._workload import Answer, Outcome, Workload
 
 NODES = ("n1", "n2", "n3")

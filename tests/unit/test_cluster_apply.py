@@ -6,7 +6,7 @@ import attrs
 import pytest
 
 from skulk.cluster import ClusterMachine, State, apply, decode_result, encode_command, state_hash
-from skulk.consensus import SnapshotCorrupt
+from skulk.wire import SnapshotCorrupt
 from skulk.wire.cluster import (
     Applied,
     Architecture,
@@ -210,7 +210,7 @@ def test_the_machine_adapter() -> None:
     assert machine.snapshot(machine.restore(image)) == image
     with pytest.raises(SnapshotCorrupt):
         machine.restore(b"not zstd")
-    from skulk.consensus import pack
+    from skulk.wire import pack
 
     with pytest.raises(SnapshotCorrupt):
         machine.restore(pack({"nodes": 1}))

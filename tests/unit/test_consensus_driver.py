@@ -22,37 +22,35 @@ import trio.testing
 from skulk.consensus import (
     AppendReply,
     AppendRequest,
+    Counter,
+    Disk,
+    DiskFull,
+    DriverConfig,
     Entry,
     EntryKind,
     HardState,
+    MemoryNetwork,
+    MeshTransport,
     Message,
-    RaftConfig,
-    Ready,
-    Role,
-)
-from skulk.consensus._batch import Batch
-from skulk.consensus._core import RaftCore
-from skulk.consensus._disk import Disk, DiskFull
-from skulk.consensus._driver import DriverConfig, RaftDriver
-from skulk.consensus._errors import (
     NoQuorum,
     NotLeader,
-    SnapshotCorrupt,
+    OsDisk,
+    RaftConfig,
+    RaftCore,
+    RaftDriver,
+    Ready,
+    Role,
+    Sessions,
+    SessionState,
+    Storage,
     SubmitTimeout,
     Unavailable,
     UnavailableReason,
 )
-from skulk.consensus._machine import Counter, Sessions, SessionState, pack, unpack, unpack_as
-from skulk.consensus._osdisk import OsDisk
-from skulk.consensus._storage import Storage
-from skulk.consensus._transport import (
-    REPLY_CODEC,
-    MemoryNetwork,
-    MeshTransport,
-    reply_for,
-    result_of,
-)
+from skulk.consensus._batch import Batch
+from skulk.consensus._forwarding import REPLY_CODEC, reply_for, result_of
 from skulk.federation import ClusterSecret, Mesh
+from skulk.wire import SnapshotCorrupt, pack, unpack, unpack_as
 
 IDS = ("a", "b", "c")
 FAST = DriverConfig(tick_seconds=0.02, raft=RaftConfig(election_ticks=10), retry_interval=0.01)

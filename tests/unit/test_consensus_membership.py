@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from skulk.consensus import ConfChange, ConfState
 from skulk.consensus._membership import next_change, wanted_voters
-from skulk.consensus._types import ConfChange, ConfState
 
 
 @pytest.mark.parametrize(

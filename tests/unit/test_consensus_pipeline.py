@@ -30,10 +30,10 @@ from skulk.consensus import (
     Ready,
     Snapshot,
     SnapshotMeta,
+    SubmitTimeout,
     VoteReply,
 )
 from skulk.consensus._batch import Batch, CommitQueue, Retry, Waiter, WaiterTable
-from skulk.consensus._errors import SubmitTimeout
 from skulk.consensus._transport import MemoryTransport
 
 from .test_consensus_driver import FAST, IDS, WAIT, cluster, eventually

@@ -15,26 +15,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skulk.consensus._disk import Disk, DiskError, DiskFull
-from skulk.consensus._osdisk import OsDisk
-from skulk.consensus._storage import (
+from skulk.consensus import (
+    ConfChange,
+    ConfState,
+    Disk,
+    DiskError,
+    DiskFull,
+    Entry,
+    EntryKind,
+    HardState,
+    OsDisk,
+    Recovered,
+    Snapshot,
+    SnapshotMeta,
     Storage,
     StorageCorrupt,
     StorageFailed,
     verified_regions,
 )
 from skulk.consensus._storage_format import _unframe
-from skulk.consensus._types import (
-    ConfChange,
-    ConfState,
-    Entry,
-    EntryKind,
-    HardState,
-    Recovered,
-    Snapshot,
-    SnapshotMeta,
-)
-from skulk.sim._disk import SimDisk, SimulatedCrash
+from skulk.sim import SimDisk, SimulatedCrash
 
 # --- helpers --------------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ import attrs
 import trio
 import trio.testing
 
-from skulk.consensus import AppendReply, Message
-from skulk.consensus._transport import PAYLOAD_CODEC, MeshTransport
+from skulk.consensus import AppendReply, MeshTransport, Message
+from skulk.consensus._meshtransport import PAYLOAD_CODEC
 from skulk.federation import Link, LinkView
 
 from .test_link import link_pair, wait_for

@@ -12,9 +12,7 @@ from typing import Any
 
 import trio
 
-from skulk.cluster import State, apply
-from skulk.cluster._apply import COMMAND_CODEC
-from skulk.cluster._machine import RESULT_CODEC
+from skulk.cluster import COMMAND_CODEC, RESULT_CODEC, State, apply
 from skulk.control import ClusterControl
 from skulk.federation import LinkView, PeerState
 from skulk.wire.cluster import (

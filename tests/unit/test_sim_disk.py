@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from skulk.consensus._disk import DiskError, DiskFull
-from skulk.sim._disk import SimDisk, SimulatedCrash
+from skulk.consensus import DiskError, DiskFull
+from skulk.sim import SimDisk, SimulatedCrash
 
 
 def _disk(seed: int = 0) -> SimDisk:
