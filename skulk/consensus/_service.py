@@ -31,8 +31,7 @@ from typing import Generic, TypeVar
 
 import trio
 
-from skulk.federation import Mesh, PeerState, RpcFailed
-from skulk.federation._meshview import JsonValue
+from skulk.federation import JsonValue, Mesh, PeerState, RpcFailed
 
 from ._core import ProposalRefused, Role
 from ._driver import DriverConfig, RaftDriver
