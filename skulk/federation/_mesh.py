@@ -57,9 +57,10 @@ from skulk.actors import RestartPolicy
 
 from ._datastream import DataReceiver
 from ._handshake import ClientHandshake, ServerHandshake
-from ._link import Link, RpcHandler
+from ._link import Link
 from ._linkbase import HandshakeFailed, LinkConfig
 from ._linkopen import run_link
+from ._linkrpc import RpcHandler
 from ._machine import Established, valid_node_id
 from ._meshtable import LinkTable, Target, is_open
 from ._meshview import (

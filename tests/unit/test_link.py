@@ -41,9 +41,9 @@ from skulk.federation import (
     memory_transport_pair,
     run_link,
 )
-from skulk.federation._link import RpcHandler
 from skulk.federation._linkbase import LinkState
 from skulk.federation._linkopen import open_link
+from skulk.federation._linkrpc import RpcHandler
 from skulk.federation._machine import FROM_SERVER
 from skulk.federation._transport import MessageTransport
 from skulk.wire import Codec
