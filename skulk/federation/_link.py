@@ -1,6 +1,6 @@
 """An authenticated federation link: topics, heartbeats, clean failure.
 
-A :class:`Link` is made by :func:`~skulk.federation.run_link` / :func:`~skulk.federation.open_link`
+A :class:`Link` is made by :func:`~skulk.federation.run_link` / ``open_link``
 (:mod:`skulk.federation._linkopen`) once the handshake established the peer's identity.
 
 Once established the link runs three tasks until it closes: a *sender* (drains the
