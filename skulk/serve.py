@@ -39,24 +39,26 @@ from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
 from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, runner_events
 from skulk.federation import (
     DataReceiver,
-    FetchBoard,
     Mesh,
     MeshAddressError,
     RpcFailed,
     SecretError,
     SecretSource,
-    TelemetryGossip,
-    TelemetryStore,
     join_instructions,
     load_or_create_secret,
-    next_epoch,
     parse_listen_address,
-    sample_readings,
     tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
 from skulk.models import ShardSlice, model_card
 from skulk.routing import ASK_METHOD, ROUTE_METHOD, Admission, RemoteRouting, Router
+from skulk.telemetry import (
+    FetchBoard,
+    TelemetryGossip,
+    TelemetryStore,
+    next_epoch,
+    sample_readings,
+)
 from skulk.transfer import (
     TRANSFER_METHODS,
     WeightClient,

@@ -46,9 +46,10 @@ from skulk.cluster import State
 from skulk.consensus import ConsensusService
 from skulk.control import ClusterControl
 from skulk.diagnostics import ClusterTimeline
-from skulk.federation import Mesh, TelemetryGossip
+from skulk.federation import Mesh
 from skulk.routing import ModelListing, Route, Router
 from skulk.runner import Runner
+from skulk.telemetry import TelemetryGossip
 from skulk.wire.runner import EngineStats
 from skulk.worker import ModelService, ModelStatus
 

@@ -25,8 +25,7 @@ from quart_trio import QuartTrio
 from skulk.api._http_errors import json_response
 from skulk.api._openai import ApiError
 from skulk.api._schema import Schema, honoured
-from skulk.diagnostics import DEFAULT_LIMIT, MAX_LIMIT, ClusterTimeline
-from skulk.diagnostics._timeline import events_json
+from skulk.diagnostics import DEFAULT_LIMIT, MAX_LIMIT, ClusterTimeline, events_json
 
 #: The query parameters, with the JSON Schema of what each accepts (the OpenAPI document's).
 _TIMELINE_PARAMS: dict[str, Schema] = {

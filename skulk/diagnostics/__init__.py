@@ -3,6 +3,7 @@
     timeline = ClusterTimeline(node_id, local_source, peers, mesh.link)
     mesh rpc handler: TIMELINE_METHOD → timeline.handle_rpc
     result = await timeline.gather(since=0.0, limit=500)   # GET /v1/diagnostics/cluster/timeline
+    events_json(result.events)                             # the events as that route shows them
 
 ``local_source`` is any callable returning this node's :class:`~skulk.wire.diagnostics.
 TimelineEvent`\\ s (:func:`runner_events` turns runners' flight recorders into them).
@@ -13,13 +14,8 @@ from ._timeline import (
     MAX_LIMIT,
     TIMELINE_METHOD,
     ClusterTimeline,
-    RpcCaller,
-    RunnerHistory,
-    TimelineResult,
-    TimelineSource,
-    Unanswered,
+    events_json,
     runner_events,
-    select_events,
 )
 
 __all__ = [
@@ -27,11 +23,6 @@ __all__ = [
     "MAX_LIMIT",
     "TIMELINE_METHOD",
     "ClusterTimeline",
-    "RpcCaller",
-    "RunnerHistory",
-    "TimelineResult",
-    "TimelineSource",
-    "Unanswered",
+    "events_json",
     "runner_events",
-    "select_events",
 ]

@@ -1,6 +1,6 @@
 """An authenticated federation link: topics, heartbeats, clean failure.
 
-A :class:`Link` is made by :func:`~skulk.federation.run_link` / :func:`~skulk.federation.open_link`
+A :class:`Link` is made by :func:`~skulk.federation.run_link` / ``open_link``
 (:mod:`skulk.federation._linkopen`) once the handshake established the peer's identity.
 
 Once established the link runs three tasks until it closes: a *sender* (drains the
@@ -11,18 +11,19 @@ data chunks into per-stream buffers bounded by credit) and a *heartbeat* (pings,
 liveness). Whatever the peer sends, the link's tasks never raise: bad input closes the link
 with a typed :class:`LinkCloseReason` and its close code, pending calls fail at once with
 :class:`PeerUnreachable`, inboxes end, and the transport is closed shielded and bounded.
+
+The rpc topic's calls both ways are kept by :class:`~skulk.federation._linkrpc.LinkRpc`, the
+data streams by :class:`~skulk.federation._linkstreams.StreamTable`; the link routes frames to
+them and closes them with itself.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import attrs
 import trio
 
 from skulk.wire import Codec, FrameTooLarge, WireError
@@ -40,7 +41,7 @@ from skulk.wire.link import (
 )
 from skulk.wire.telemetry import TelemetryDigest, TelemetryFrame, TelemetryPush
 
-from ._datastream import DataReceiver, DataSender, InStream, OutStream
+from ._datastream import DataReceiver, DataSender
 from ._linkbase import (
     LinkBusy,
     LinkClosed,
@@ -49,18 +50,14 @@ from ._linkbase import (
     LinkState,
     LinkStatistics,
     PeerUnreachable,
-    RpcFailed,
-    RpcTimeout,
 )
+from ._linkrpc import LinkRpc, RpcHandler
+from ._linkstreams import StreamTable
 from ._outbox import Outbox, OutboxClosed
 from ._refusal import one_line, quote
 from ._transport import MessageTooLarge, MessageTransport, TransportClosed, TransportViolation
 
 log = logging.getLogger("skulk.federation.link")
-
-RpcHandler = Callable[[str, bytes], Awaitable[bytes]]
-"""``await handler(method, body)`` answers an incoming call: return the response body, or raise
-:class:`RpcFailed` for a typed error. Any other exception answers ``handler_failed``."""
 
 _MAX_PINGS_OUTSTANDING = 8
 T = TypeVar("T")
@@ -70,13 +67,6 @@ T = TypeVar("T")
 def _codec(max_frame_size: int) -> Codec[LinkFrame]:
     """Codecs are immutable and costly to build (hooks for every frame class): share them."""
     return Codec(LinkFrame, max_frame_size=max_frame_size)
-
-
-@attrs.define
-class _Call:
-    event: trio.Event = attrs.Factory(trio.Event)
-    result: bytes = b""
-    error: Exception | None = None
 
 
 class Link:
@@ -99,7 +89,6 @@ class Link:
         self._transport = transport
         self.peer_id = peer_id
         self._config = config
-        self._handler = rpc_handler
         self._codec = _codec(config.max_frame_size)
         self._outbox = Outbox(self._codec, control=config.control_queue, data=config.data_queue)
         self._raft_send, self.raft_inbox = trio.open_memory_channel[bytes](config.raft_inbox)
@@ -114,19 +103,31 @@ class Link:
         self._send_scope = trio.CancelScope()
         self._closed: LinkClosed | None = None
         self._done = trio.Event()
-        self._calls: dict[int, _Call] = {}
-        self._call_ids = itertools.count()
-        self._serving: set[int] = set()
-        self._out_streams: dict[int, OutStream] = {}
-        self._stream_ids = itertools.count()
-        self._in_streams: dict[int, InStream] = {}
-        self._highest_in_stream = -1
+        self._rpc = LinkRpc(
+            peer_id,
+            config,
+            self._codec,
+            self._outbox,
+            rpc_handler,
+            closed=lambda: self._closed,
+            violation=self._violation,
+            spawn=self._spawn,
+        )
+        self._streams = StreamTable(
+            peer_id,
+            config.max_streams,
+            self._codec,
+            self._outbox,
+            self._streams_send,
+            closed=lambda: self._closed,
+            violation=self._violation,
+        )
         self._pings: dict[int, tuple[int, float]] = {}
         self._rtt: float | None = None
         self._last_received = trio.current_time()
         self._last_error: str | None = None
         self._bytes_in = self._bytes_out = self._frames_in = self._frames_out = 0
-        self._dropped_in = self._duplicates = 0
+        self._dropped_in = 0  # raft/telemetry frames dropped on a full inbox
         self._nursery: trio.Nursery | None = None
         self._control_sent = 0  # control frames written out (Outbox.control_out when taken)
         self._sent_lot = trio.lowlevel.ParkingLot()
@@ -203,46 +204,11 @@ class Link:
         the link is closed or closes while waiting, :class:`LinkBusy` when too many calls are
         pending.
         """
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be finite and > 0, not {timeout!r}")
-        if self._closed is not None:
-            raise PeerUnreachable(self._closed)
-        if len(self._calls) >= self._config.max_pending_calls:
-            raise LinkBusy(f"{len(self._calls)} calls to {self.peer_id} are pending")
-        call_id = next(self._call_ids)
-        timeout_ms = min(math.ceil(timeout * 1000), 2**63)
-        frame = self._codec.encode(RpcRequest(call_id, method, body, timeout_ms))
-        call = _Call()
-        self._calls[call_id] = call
-        try:
-            with trio.move_on_after(timeout):
-                await self._outbox.put_control(frame)
-                await call.event.wait()
-        except OutboxClosed:
-            raise PeerUnreachable(self._closed) from None
-        finally:
-            self._calls.pop(call_id, None)
-        if not call.event.is_set():
-            raise RpcTimeout(method, timeout)
-        if call.error is not None:
-            raise call.error
-        return call.result
+        return await self._rpc.call(method, body, timeout)
 
     def open_stream(self) -> DataSender:
         """A new outgoing data stream (:class:`LinkBusy` beyond ``config.max_streams``)."""
-        if self._closed is not None:
-            raise PeerUnreachable(self._closed)
-        if len(self._out_streams) >= self._config.max_streams:
-            raise LinkBusy(f"{len(self._out_streams)} data streams to {self.peer_id} are open")
-        state = OutStream(next(self._stream_ids))
-        self._out_streams[state.stream_id] = state
-        return DataSender(state, self._outbox, self._codec, lambda: self._closed, self._forget_out)
-
-    def _forget_out(self, stream_id: int) -> None:
-        self._out_streams.pop(stream_id, None)
-
-    def _forget_in(self, stream_id: int) -> None:
-        self._in_streams.pop(stream_id, None)
+        return self._streams.open()
 
     # ---- closing ----
 
@@ -282,17 +248,11 @@ class Link:
             self._send_scope.deadline, trio.current_time() + self._config.close_timeout
         )
         self._outbox.close()  # the sender returns once its current message is sent
-        unreachable = PeerUnreachable(closed)
-        for call in self._calls.values():
-            call.error = unreachable
-            call.event.set()
+        self._rpc.fail_all(PeerUnreachable(closed))
         for channel in (self._raft_send, self._telemetry_send, self._streams_send):
             channel.close()
         self._sent_lot.unpark_all()
-        for out_stream in self._out_streams.values():
-            out_stream.lot.unpark_all()
-        for in_stream in self._in_streams.values():
-            in_stream.lot.unpark_all()
+        self._streams.wake_all()
 
     # ---- the tasks ----
 
@@ -320,6 +280,11 @@ class Link:
         # the transport is not left mid-message and the close frame can follow it.
         with self._send_scope:
             await self._guard(self._send_loop)
+
+    def _spawn(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Start ``task`` in the link's nursery, guarded (for the rpc handlers' tasks)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._guard, task)
 
     async def _guard(self, task: Callable[[], Awaitable[None]]) -> None:
         """Run one of the link's tasks; a transport close or a bug closes the link, never
@@ -385,21 +350,15 @@ class Link:
         elif isinstance(frame, TelemetryDigest | TelemetryPush):
             self._deliver(self._telemetry_send, frame)
         elif isinstance(frame, RpcRequest):
-            self._on_request(frame)
+            self._rpc.on_request(frame)
         elif isinstance(frame, RpcResponse | RpcError):
-            self._on_answer(frame)
+            self._rpc.on_answer(frame)
         elif isinstance(frame, DataChunk):
-            self._on_chunk(frame)
+            self._streams.on_chunk(frame)
         elif isinstance(frame, DataCredit):
-            out_stream = self._out_streams.get(frame.stream_id)
-            if out_stream is not None and frame.limit > out_stream.credit:
-                out_stream.credit = frame.limit
-                out_stream.lot.unpark_all()
+            self._streams.on_credit(frame)
         elif isinstance(frame, DataStop):
-            out_stream = self._out_streams.pop(frame.stream_id, None)
-            if out_stream is not None:
-                out_stream.stopped = True
-                out_stream.lot.unpark_all()
+            self._streams.on_stop(frame)
 
     def _deliver(self, channel: trio.MemorySendChannel[T], item: T) -> None:
         try:
@@ -415,103 +374,6 @@ class Link:
             self._rtt = trio.current_time() - sent[1]
             for seq in [s for s in self._pings if s <= pong.seq]:
                 del self._pings[seq]
-
-    def _on_request(self, frame: RpcRequest) -> None:
-        if frame.call_id in self._serving:
-            self._violation(
-                LinkCloseReason.PROTOCOL_VIOLATION,
-                f"rpc call id {frame.call_id} reused while that call is in flight",
-            )
-            return
-        if self._handler is None or len(self._serving) >= self._config.max_concurrent_rpcs:
-            reason = "no_handler" if self._handler is None else "busy"
-            error = RpcError(frame.call_id, reason, f"{reason.replace('_', ' ')} on this node")
-            if reason == "busy":
-                self._dropped_in += 1
-            self._outbox.put_control_nowait(self._codec.encode(error))  # full: caller times out
-            return
-        assert self._nursery is not None
-        self._serving.add(frame.call_id)
-        self._nursery.start_soon(self._guard, functools.partial(self._serve, frame))
-
-    async def _serve(self, frame: RpcRequest) -> None:
-        assert self._handler is not None
-        timeout = min(max(frame.timeout_ms, 0) / 1000, self._config.max_rpc_timeout)
-        reply: RpcResponse | RpcError
-        try:
-            with trio.move_on_after(timeout) as scope:
-                try:
-                    body = await self._handler(frame.method, frame.body)
-                    reply = RpcResponse(frame.call_id, body)
-                except RpcFailed as exc:
-                    reply = RpcError(frame.call_id, exc.reason, exc.message)
-                except Exception as exc:
-                    log.exception("rpc handler for %s failed", quote(frame.method))
-                    reply = RpcError(frame.call_id, "handler_failed", type(exc).__name__)
-            if scope.cancelled_caught:
-                reply = RpcError(frame.call_id, "deadline_exceeded", f"no answer in {timeout} s")
-            try:
-                encoded = self._codec.encode(reply)
-            except WireError as exc:
-                reply = RpcError(frame.call_id, "handler_failed", f"bad response: {exc}"[:200])
-                encoded = self._codec.encode(reply)
-            await self._outbox.put_control(encoded)
-        finally:
-            self._serving.discard(frame.call_id)
-
-    def _on_answer(self, frame: RpcResponse | RpcError) -> None:
-        call = self._calls.get(frame.call_id)
-        if call is None or call.event.is_set():
-            return  # the caller gave up (timeout): a late answer
-        if isinstance(frame, RpcResponse):
-            call.result = frame.body
-        else:
-            call.error = RpcFailed(frame.reason, frame.message)
-        call.event.set()
-
-    def _on_chunk(self, chunk: DataChunk) -> None:
-        st = self._in_streams.get(chunk.stream_id)
-        if st is None:
-            if chunk.stream_id <= self._highest_in_stream:
-                self._duplicates += 1  # a stream that ended or was stopped
-                return
-            if chunk.seq != 0:
-                self._violation(
-                    LinkCloseReason.DATA_GAP,
-                    f"data stream {chunk.stream_id} started at seq {chunk.seq}, not 0",
-                )
-                return
-            self._highest_in_stream = chunk.stream_id
-            if len(self._in_streams) >= self._config.max_streams:
-                self._dropped_in += 1
-                self._outbox.stop_stream(chunk.stream_id)
-                return
-            st = InStream(chunk.stream_id)
-            receiver = DataReceiver(st, self._outbox, lambda: self._closed, self._forget_in)
-            try:
-                self._streams_send.send_nowait(receiver)
-            except (trio.WouldBlock, trio.BrokenResourceError):
-                self._dropped_in += 1
-                self._outbox.stop_stream(chunk.stream_id)
-                return
-            self._in_streams[chunk.stream_id] = st
-        if chunk.seq < st.expected or st.ended:
-            self._duplicates += 1  # a copy of a chunk delivered already, or after the end
-        elif chunk.seq > st.expected:
-            self._violation(
-                LinkCloseReason.DATA_GAP,
-                f"data stream {chunk.stream_id}: chunk {chunk.seq}, expected {st.expected}",
-            )
-        elif chunk.seq >= st.granted:
-            self._violation(
-                LinkCloseReason.FLOW_CONTROL,
-                f"data stream {chunk.stream_id}: chunk {chunk.seq} beyond credit {st.granted}",
-            )
-        else:
-            st.expected += 1
-            st.buffer.append(chunk.body)
-            st.ended = chunk.end
-            st.lot.unpark_all()
 
     async def _heartbeat_loop(self) -> None:
         interval = self._config.heartbeat_interval
@@ -552,10 +414,10 @@ class Link:
             data_queued=self._outbox.data_queued,
             raft_queued=self._raft_send.statistics().current_buffer_used,
             telemetry_queued=self._telemetry_send.statistics().current_buffer_used,
-            pending_calls=len(self._calls),
-            rpcs_in_flight=len(self._serving),
-            streams_in=len(self._in_streams),
-            streams_out=len(self._out_streams),
-            dropped_in=self._dropped_in,
-            duplicates_dropped=self._duplicates,
+            pending_calls=self._rpc.pending,
+            rpcs_in_flight=self._rpc.in_flight,
+            streams_in=self._streams.inbound,
+            streams_out=self._streams.outbound,
+            dropped_in=self._dropped_in + self._rpc.dropped + self._streams.dropped,
+            duplicates_dropped=self._streams.duplicates,
         )

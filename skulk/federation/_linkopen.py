@@ -20,8 +20,9 @@ import trio
 from skulk.wire.federation import HANDSHAKE_MAX_FRAME_SIZE
 
 from ._handshake import ClientHandshake, ServerHandshake
-from ._link import Link, RpcHandler, log
+from ._link import Link, log
 from ._linkbase import HandshakeFailed, LinkClosed, LinkConfig
+from ._linkrpc import RpcHandler
 from ._machine import Established, Refused, Waiting
 from ._refusal import quote, refusal_from_close
 from ._transport import MessageTooLarge, MessageTransport, TransportClosed, TransportViolation

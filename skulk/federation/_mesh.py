@@ -40,15 +40,13 @@ Cancelling :meth:`Mesh.run` closes every link (1000, bounded by ``close_timeout`
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import logging
 import random
 import secrets
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 import trio_websocket
@@ -58,9 +56,10 @@ from skulk.wire import JsonValue
 
 from ._datastream import DataReceiver
 from ._handshake import ClientHandshake, ServerHandshake
-from ._link import Link, RpcHandler
+from ._link import Link
 from ._linkbase import HandshakeFailed, LinkConfig
 from ._linkopen import run_link
+from ._linkrpc import RpcHandler
 from ._machine import Established, valid_node_id
 from ._meshtable import LinkTable, Target, is_open
 from ._meshview import (
@@ -73,11 +72,11 @@ from ._meshview import (
     links_json,
     parse_join_url,
 )
-from ._refusal import RefusalReason, one_line, quote
+from ._refusal import RefusalReason, quote
 from ._replay import ReplayCache
 from ._secret import ClusterSecret
-from ._tls import TlsHandshakeError
 from ._transport import WebSocketTransport
+from ._websocket import RECEIVE_BUFFER, describe_failure, open_websocket
 
 log = logging.getLogger("skulk.federation.mesh")
 
@@ -97,10 +96,6 @@ def rpc_peer() -> str | None:
     node id written in the request."""
     return _RPC_PEER.get()
 
-
-RECEIVE_BUFFER = 256 * 1024
-"""Bytes a connection reads from its socket at once. trio-websocket's default (4 KiB) costs a
-trip through the event loop per 4 KiB: weight transfers ran at ~80 MB/s, ~280 MB/s with 256 KiB."""
 
 DEFAULT_RECONNECT = RestartPolicy(
     initial_backoff=0.2, max_backoff=10.0, multiplier=2.0, jitter=0.5, reset_after=10.0
@@ -405,7 +400,7 @@ class Mesh:
         config = self._config
         failed: HandshakeFailed | None = None
         try:
-            async with self._open_websocket(target.url) as ws:
+            async with open_websocket(target.url, config, self._client_ssl) as ws:
                 handshake = ClientHandshake(
                     self._secret,
                     self.node_id,
@@ -426,7 +421,7 @@ class Mesh:
                         return await self._hold(link, True, target.url), False
         except Exception as exc:  # connect refused, timeouts, rejected upgrades: retry later
             self._dial_failures += 1
-            target.last_error = f"dial {target.url} failed: {_describe(exc)}"
+            target.last_error = f"dial {target.url} failed: {describe_failure(exc)}"
             log.log(
                 logging.DEBUG if quiet else logging.WARNING, "federation: %s", target.last_error
             )
@@ -438,74 +433,3 @@ class Mesh:
             log.log(logging.DEBUG if quiet else logging.WARNING, "federation: %s", failed.detail)
         refusal = failed.refusal
         return 0.0, refusal is not None and refusal.reason is RefusalReason.OWN_NODE_ID
-
-    def _open_websocket(
-        self, url: str
-    ) -> contextlib.AbstractAsyncContextManager[trio_websocket.WebSocketConnection]:
-        if url.startswith("wss://"):
-            return self._open_wss(url)
-        config = self._config
-        return trio_websocket.open_websocket_url(
-            url,
-            max_message_size=config.max_frame_size,
-            receive_buffer_size=RECEIVE_BUFFER,
-            connect_timeout=config.handshake_timeout,
-            disconnect_timeout=config.close_timeout,
-        )
-
-    @contextlib.asynccontextmanager
-    async def _open_wss(self, url: str) -> AsyncIterator[trio_websocket.WebSocketConnection]:
-        """A ``wss://`` connection whose TLS handshake is done first, so that a TLS failure (an
-        untrusted certificate, a wrong host name) is reported as such: trio-websocket itself
-        would only report a timeout."""
-        config = self._config
-        parts = urlsplit(url)
-        host, port = parts.hostname, parts.port
-        assert host is not None and port is not None and self._client_ssl is not None
-        try:
-            with trio.fail_after(config.handshake_timeout):
-                stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=self._client_ssl, https_compatible=True
-                )
-                try:
-                    await stream.do_handshake()
-                except BaseException:
-                    await trio.aclose_forcefully(stream)
-                    raise
-        except trio.BrokenResourceError as exc:
-            cause = exc.__cause__ if exc.__cause__ is not None else exc
-            raise TlsHandshakeError(f"TLS handshake failed: {cause}") from None
-        except trio.TooSlowError:
-            raise trio_websocket.ConnectionTimeout from None
-        async with trio.open_nursery() as nursery:
-            try:
-                with trio.fail_after(config.handshake_timeout):
-                    ws = await trio_websocket.wrap_client_stream(
-                        nursery,
-                        stream,
-                        parts.netloc,
-                        parts.path or "/",
-                        max_message_size=config.max_frame_size,
-                        receive_buffer_size=RECEIVE_BUFFER,
-                    )
-            except BaseException:
-                await trio.aclose_forcefully(stream)
-                raise
-            try:
-                yield ws
-            finally:
-                with trio.move_on_after(config.close_timeout) as scope:
-                    scope.shield = True
-                    await ws.aclose()
-                nursery.cancel_scope.cancel()
-
-
-def _describe(exc: BaseException) -> str:
-    """One line for a dial failure (groups: their first leaf)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    cause = exc.__cause__
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if cause is not None and str(cause):
-        text += f" ({type(cause).__name__}: {cause})"
-    return one_line(text)[:300]

@@ -22,39 +22,25 @@ The fetching side::
     #     else: ... (routing's streams)
     directory = await fetch_model(client, card, shard_slice, home, progress=report)
 
-See :mod:`skulk.transfer._fetch` for what is fetched, checked and recorded, and
-:mod:`skulk.wire.transfer` for the frames.
+See :mod:`skulk.transfer._fetch` for what is fetched, checked and recorded (and its policy),
+:mod:`skulk.transfer._errors` for the typed failures (:class:`NoHolderReachable`,
+:class:`DiskFull`, ...), and :mod:`skulk.wire.transfer` for the frames.
 """
 
-from ._client import TransferStatistics, WeightClient
-from ._errors import DiskFull, FetchError, ManifestMismatch, NoHolderReachable, NoManifest
-from ._fetch import FetchPolicy, Progress, fetch_model
-from ._protocol import (
-    MANIFEST_METHOD,
-    RANGES_METHOD,
-    TRANSFER_METHODS,
-    TransferTimeouts,
-    is_transfer_stream,
-)
-from ._server import WeightServer, WeightServerStatistics
+from ._client import WeightClient
+from ._errors import DiskFull, NoHolderReachable
+from ._fetch import fetch_model
+from ._protocol import CHUNK_SIZE, TRANSFER_METHODS, is_transfer_stream
+from ._server import WeightServer
 from ._store import store_directory
 
 __all__ = [
-    "MANIFEST_METHOD",
-    "RANGES_METHOD",
+    "CHUNK_SIZE",
     "TRANSFER_METHODS",
     "DiskFull",
-    "FetchError",
-    "FetchPolicy",
-    "ManifestMismatch",
     "NoHolderReachable",
-    "NoManifest",
-    "Progress",
-    "TransferStatistics",
-    "TransferTimeouts",
     "WeightClient",
     "WeightServer",
-    "WeightServerStatistics",
     "fetch_model",
     "is_transfer_stream",
     "store_directory",

@@ -25,7 +25,7 @@ BLAKE2b hash of the canonical CBOR encoding of the entry's readings, computed by
 (never taken from the sender's word) and carried in digests only. It makes two different readings
 published under the same ``(epoch, seq)`` (a node id reused by two processes, a restored data
 dir) merge the same way on every node. The pure merge logic lives in
-:mod:`skulk.federation._telemetry`.
+:mod:`skulk.telemetry._view` (the merge) and :mod:`skulk.telemetry._store`.
 """
 
 from __future__ import annotations

@@ -9,14 +9,8 @@ import attrs
 import trio
 
 from skulk.actors import RestartPolicy
-from skulk.federation import (
-    ClusterSecret,
-    LinkConfig,
-    Mesh,
-    TelemetryConfig,
-    TelemetryGossip,
-    TelemetryStore,
-)
+from skulk.federation import ClusterSecret, LinkConfig, Mesh
+from skulk.telemetry import TelemetryConfig, TelemetryGossip, TelemetryStore
 from skulk.wire.telemetry import NodeReadings
 
 SECRET = ClusterSecret(bytes(range(32)))

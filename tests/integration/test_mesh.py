@@ -16,18 +16,17 @@ from skulk.federation import (
     ClusterSecret,
     Established,
     LinkConfig,
-    LinkDown,
     LinkUp,
     LinkView,
     Mesh,
     MeshAddressError,
-    MeshEvent,
     PeerState,
     Waiting,
     WebSocketTransport,
     parse_join_url,
     parse_listen_address,
 )
+from skulk.federation._meshview import LinkDown, MeshEvent
 from skulk.wire.federation import PROTOCOL_VERSION
 
 SECRET = ClusterSecret(bytes(range(32)))

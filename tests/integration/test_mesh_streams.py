@@ -16,10 +16,10 @@ from skulk.federation import (
     DataSender,
     LinkConfig,
     Mesh,
-    StreamHandler,
     StreamStopped,
     rpc_peer,
 )
+from skulk.federation._mesh import StreamHandler
 
 SECRET = ClusterSecret(bytes(range(32)))
 CONFIG = LinkConfig(

@@ -10,14 +10,8 @@ import pytest
 import trio
 import trustme
 
-from skulk.federation import (
-    LinkView,
-    Mesh,
-    MeshAddressError,
-    PeerState,
-    TlsConfigError,
-    tls_contexts,
-)
+from skulk.federation import LinkView, Mesh, MeshAddressError, PeerState, tls_contexts
+from skulk.federation._tls import TlsConfigError
 
 from .test_mesh import BACKOFF, CONFIG, SECRET, echo, is_up, make_mesh, until
 

@@ -29,23 +29,25 @@ from skulk.models._generated import ModelShape, write_generated_model
 from skulk.models._manifest import LocalManifest
 from skulk.models._shards import ShardSlice, needed_tensors
 from skulk.transfer import (
-    MANIFEST_METHOD,
-    RANGES_METHOD,
     TRANSFER_METHODS,
     DiskFull,
-    FetchPolicy,
-    ManifestMismatch,
     NoHolderReachable,
-    NoManifest,
-    TransferTimeouts,
     WeightClient,
     WeightServer,
     fetch_model,
     is_transfer_stream,
     store_directory,
 )
-from skulk.transfer._errors import PeerFailure
-from skulk.transfer._protocol import MAX_RANGES, REPLY_CODEC, REQUEST_CODEC
+from skulk.transfer._errors import ManifestMismatch, NoManifest, PeerFailure
+from skulk.transfer._fetch import FetchPolicy
+from skulk.transfer._protocol import (
+    MANIFEST_METHOD,
+    MAX_RANGES,
+    RANGES_METHOD,
+    REPLY_CODEC,
+    REQUEST_CODEC,
+    TransferTimeouts,
+)
 from skulk.transfer._store import RECORD_NAME, Piece, pieces_of
 from skulk.wire.cluster import DemoSource, ModelCard, PathSource
 from skulk.wire.transfer import (

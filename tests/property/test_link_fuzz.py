@@ -218,7 +218,7 @@ async def drain(transport: StreamTransport, outcome: Outcome) -> None:
 
 def watch_bounds(link: Link, outcome: Outcome) -> None:
     s = link.statistics()
-    in_buffers = max((len(x.buffer) for x in link._in_streams.values()), default=0)
+    in_buffers = max((len(x.buffer) for x in link._streams._in_streams.values()), default=0)
     for name, value in [
         ("raft", s.raft_queued),
         ("telemetry", s.telemetry_queued),

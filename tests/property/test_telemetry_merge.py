@@ -20,7 +20,7 @@ import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skulk.federation._telemetry import TelemetryConfig, TelemetryStore, TelemetryView
+from skulk.telemetry import TelemetryConfig, TelemetryStore, TelemetryView
 from skulk.wire import Codec
 from skulk.wire.telemetry import (
     NodeReadings,

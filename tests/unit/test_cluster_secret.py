@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 
 from skulk.federation import (
-    ENV_VAR,
     ClusterSecret,
-    LoadedSecret,
     SecretError,
     SecretSource,
     join_instructions,
     load_or_create_secret,
 )
+from skulk.federation._secret import ENV_VAR, LoadedSecret
 
 KEY = bytes(range(100, 132))
 HEX = KEY.hex()

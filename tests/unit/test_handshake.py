@@ -14,15 +14,14 @@ from skulk.federation import (
     ClientHandshake,
     ClusterSecret,
     Established,
-    Refusal,
     RefusalReason,
     Refused,
     ReplayCache,
     ServerHandshake,
     Waiting,
-    refusal_from_close,
 )
 from skulk.federation._machine import CLIENT_LABEL, FROM_CLIENT, FROM_SERVER, Binding
+from skulk.federation._refusal import Refusal, refusal_from_close
 from skulk.wire.federation import (
     HANDSHAKE_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,

@@ -29,23 +29,23 @@ from skulk.federation import (
     LinkBusy,
     LinkCloseReason,
     LinkConfig,
-    LinkState,
-    MessageTransport,
     PeerUnreachable,
     RefusalReason,
     ReplayCache,
     RpcFailed,
-    RpcHandler,
     RpcTimeout,
     ServerHandshake,
     StreamTransport,
     TransportClosed,
     Waiting,
     memory_transport_pair,
-    open_link,
     run_link,
 )
+from skulk.federation._linkbase import LinkState
+from skulk.federation._linkopen import open_link
+from skulk.federation._linkrpc import RpcHandler
 from skulk.federation._machine import FROM_SERVER
+from skulk.federation._transport import MessageTransport
 from skulk.wire import Codec
 from skulk.wire.federation import PROTOCOL_VERSION, ServerChallenge
 from skulk.wire.link import LinkFrame, Ping, Pong, RaftMessage, RpcRequest

@@ -14,13 +14,12 @@ import trio_websocket
 
 from skulk.federation import (
     LinkCloseReason,
-    MessageTooLarge,
     StreamTransport,
     TransportClosed,
-    TransportViolation,
     WebSocketTransport,
     memory_transport_pair,
 )
+from skulk.federation._transport import MessageTooLarge, TransportViolation
 
 from .test_link import client_handshake, echo, server_handshake, start_link
 

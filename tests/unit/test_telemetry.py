@@ -12,19 +12,17 @@ import cbor2
 import cddl_verifier
 import pytest
 
-from skulk.federation._readings import parse_meminfo, sample_readings
-from skulk.federation._telemetry import (
-    EPOCH_FILE_NAME,
-    FINGERPRINT_SIZE,
-    EpochFileCorrupt,
+from skulk.telemetry import (
     TelemetryConfig,
-    TelemetryRefusal,
-    TelemetryRefusalReason,
     TelemetryStore,
     TelemetryView,
     next_epoch,
-    telemetry_version,
+    sample_readings,
 )
+from skulk.telemetry._epoch import EPOCH_FILE_NAME, EpochFileCorrupt
+from skulk.telemetry._readings import parse_meminfo
+from skulk.telemetry._store import TelemetryRefusal, TelemetryRefusalReason
+from skulk.telemetry._view import FINGERPRINT_SIZE, telemetry_version
 from skulk.wire import Codec, SchemaError
 from skulk.wire.telemetry import (
     NodeReadings,
@@ -393,7 +391,7 @@ def test_the_codec_refuses_a_frame_with_a_wrong_field() -> None:
 
 
 def test_a_memory_limit_caps_what_a_node_advertises() -> None:
-    from skulk.federation import cap_memory
+    from skulk.telemetry._readings import cap_memory
 
     gib = 1 << 30
     assert cap_memory(16 * gib, 10 * gib, None, 5 * gib) == (16 * gib, 10 * gib)
@@ -409,7 +407,7 @@ def test_a_memory_limit_caps_what_a_node_advertises() -> None:
 
 
 def test_readings_carry_compute_ports_and_fetches_across_the_wire() -> None:
-    from skulk.federation import FetchBoard
+    from skulk.telemetry import FetchBoard
     from skulk.wire.telemetry import MAX_FETCHES, ComputePorts, FetchProgress
 
     board = FetchBoard()

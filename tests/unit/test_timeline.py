@@ -8,15 +8,8 @@ from typing import Any
 import pytest
 import trio
 
-from skulk.diagnostics import (
-    MAX_LIMIT,
-    TIMELINE_METHOD,
-    ClusterTimeline,
-    Unanswered,
-    runner_events,
-    select_events,
-)
-from skulk.diagnostics._timeline import CODEC, MAX_DETAIL
+from skulk.diagnostics import MAX_LIMIT, TIMELINE_METHOD, ClusterTimeline, runner_events
+from skulk.diagnostics._timeline import CODEC, MAX_DETAIL, Unanswered, select_events
 from skulk.federation import PeerUnreachable, RpcFailed, RpcTimeout
 from skulk.runner import FlightEvent
 from skulk.wire.diagnostics import TimelineAsk, TimelineEvent, TimelineReply

@@ -1,17 +1,10 @@
-"""The telemetry plane's pure core: a last-writer-wins view of node readings, and its keeper.
+"""The telemetry plane's keeper: one node's merged view and its local bookkeeping (pure).
 
-Two layers, kept apart so the merge laws stay provable:
-
-* :class:`TelemetryView` is the lattice: an immutable map ``node_id -> TelemetryEntry``.
-  :meth:`TelemetryView.merge` keeps, per node, the entry with the greatest version key
-  ``(epoch, seq, fingerprint, canonical readings)``; that is a total order on entries of one node,
-  so merge is a join: commutative, associative and idempotent, whatever order and however often
-  views are exchanged (``tests/property/test_telemetry_merge.py``).
-* :class:`TelemetryStore` is what one node's telemetry actor owns: the view plus local
-  bookkeeping the lattice knows nothing about: when each entry was last *refreshed* (the local
-  monotonic time at which a newer version arrived), the versions it dropped on expiry, a cap on
-  nodes, and this node's own ``(epoch, seq)`` counter. No clock is read here: every method that
-  needs the time takes ``now``.
+:class:`TelemetryStore` is what one node's telemetry actor owns: the view
+(:class:`~skulk.telemetry.TelemetryView`, the lattice) plus local bookkeeping the lattice knows
+nothing about: when each entry was last *refreshed* (the local monotonic time at which a newer
+version arrived), the versions it dropped on expiry, a cap on nodes, and this node's own
+``(epoch, seq)`` counter. No clock is read here: every method that needs the time takes ``now``.
 
 Expiry and resurrection. :meth:`TelemetryStore.expire` drops every other node's entry not
 refreshed for ``ttl`` seconds, so a node that stops publishing ages out (a live node publishes a
@@ -34,17 +27,12 @@ bogus ids cannot push out live nodes.
 from __future__ import annotations
 
 import enum
-import hashlib
 import math
-import os
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterable
 
 import attrs
-import cbor2
 
-from skulk.wire import TAG_KEY, Codec, EncodeError
+from skulk.wire import EncodeError
 from skulk.wire.telemetry import (
     NodeReadings,
     TelemetryDigest,
@@ -53,156 +41,7 @@ from skulk.wire.telemetry import (
     TelemetryVersion,
 )
 
-FINGERPRINT_SIZE = 16
-"""Bytes of BLAKE2b digest in a version's fingerprint."""
-
-EPOCH_FILE_NAME = "telemetry-epoch"
-"""The file in the data dir holding the last epoch this node used (decimal, ASCII)."""
-
-_READINGS_CODEC: Codec[NodeReadings] = Codec(NodeReadings)
-
-# (epoch, seq, fingerprint, canonical CBOR of the readings): the total order of one node's
-# entries. The canonical bytes only matter if two fingerprints collide. "Canonical" is cbor2's
-# canonical mode: RFC 8949 §4.2.3 length-first map key order, shortest ints and floats that keep
-# the value, definite lengths (specs/wire.cddl states it for other implementations).
-_Key = tuple[int, int, bytes, bytes]
-# What a digest can say about a node: (epoch, seq, fingerprint).
-_ShortKey = tuple[int, int, bytes]
-
-
-@attrs.frozen
-class _Slot:
-    key: _Key
-    entry: TelemetryEntry
-
-    @property
-    def version(self) -> TelemetryVersion:
-        return TelemetryVersion(self.entry.node_id, self.key[0], self.key[1], self.key[2])
-
-
-def _slot(entry: TelemetryEntry) -> _Slot:
-    """``entry`` with its version key; raises :class:`EncodeError` if its readings cannot be
-    encoded (a NaN load, a string with lone surrogates), which no decoded frame can hold."""
-    plain = dict(_READINGS_CODEC.unstructure(entry.readings))
-    plain.pop(TAG_KEY, None)  # hash the map as it sits in a TelemetryEntry: untagged
-    try:
-        canonical = cbor2.dumps(plain, canonical=True)
-    except Exception as exc:
-        raise EncodeError("$", f"not encodable as CBOR ({type(exc).__name__})") from None
-    fingerprint = hashlib.blake2b(canonical, digest_size=FINGERPRINT_SIZE).digest()
-    return _Slot((entry.epoch, entry.seq, fingerprint, canonical), entry)
-
-
-def telemetry_version(entry: TelemetryEntry) -> TelemetryVersion:
-    """The version a digest gives for ``entry`` (its fingerprint computed here).
-
-    Raises :class:`~skulk.wire.EncodeError` if the readings cannot be encoded."""
-    return _slot(entry).version
-
-
-def _join(slots: dict[str, _Slot], slot: _Slot) -> bool:
-    """Put ``slot`` into ``slots`` if it beats what is there; whether it did."""
-    node_id = slot.entry.node_id
-    current = slots.get(node_id)
-    if current is not None and current.key >= slot.key:
-        return False
-    slots[node_id] = slot
-    return True
-
-
-class TelemetryView(Mapping[str, TelemetryEntry]):
-    """An immutable last-writer-wins map ``node_id -> TelemetryEntry``, ordered by node id.
-
-    Built from any entries (``TelemetryView(entries)``; several entries for one node join to the
-    greatest). Two views are equal when they hold the same entries byte for byte (a ``0.0`` and
-    a ``-0.0`` reading differ). Cheap to share: never mutated after construction. Raises
-    :class:`~skulk.wire.EncodeError` for readings that cannot be encoded (a NaN load).
-    """
-
-    __slots__ = ("_hash", "_slots")
-
-    def __init__(self, entries: Iterable[TelemetryEntry] = ()) -> None:
-        slots: dict[str, _Slot] = {}
-        for entry in entries:
-            _join(slots, _slot(entry))
-        self._slots = {k: slots[k] for k in sorted(slots)}
-        self._hash: int | None = None
-
-    @classmethod
-    def _from_slots(cls, slots: Mapping[str, _Slot]) -> TelemetryView:
-        view = cls.__new__(cls)
-        view._slots = {k: slots[k] for k in sorted(slots)}
-        view._hash = None
-        return view
-
-    def merge(self, other: TelemetryView) -> TelemetryView:
-        """The join of two views: per node, the entry with the greater version.
-
-        Commutative, associative and idempotent. Versions compare as ``(epoch, seq)``, then,
-        for two different readings under one ``(epoch, seq)``, by fingerprint (and by canonical
-        encoding should fingerprints collide), so every node picks the same winner."""
-        if other is self or not other._slots:
-            return self
-        if not self._slots:
-            return other
-        slots = dict(self._slots)
-        changed = False
-        for slot in other._slots.values():
-            changed |= _join(slots, slot)
-        if not changed:
-            return self
-        if len(slots) == len(other._slots) and all(
-            slots[k] is other._slots[k] for k in other._slots
-        ):
-            return other
-        return TelemetryView._from_slots(slots)
-
-    def version(self, node_id: str) -> TelemetryVersion | None:
-        """The version held for ``node_id``, or ``None``."""
-        slot = self._slots.get(node_id)
-        return None if slot is None else slot.version
-
-    def versions(self) -> tuple[TelemetryVersion, ...]:
-        """Every entry's version, ordered by node id."""
-        return tuple(slot.version for slot in self._slots.values())
-
-    def entries(self) -> tuple[TelemetryEntry, ...]:
-        """Every entry, ordered by node id."""
-        return tuple(slot.entry for slot in self._slots.values())
-
-    def __getitem__(self, node_id: str) -> TelemetryEntry:
-        return self._slots[node_id].entry
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._slots)
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def __contains__(self, node_id: object) -> bool:
-        return node_id in self._slots
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TelemetryView):
-            return NotImplemented
-        if len(self._slots) != len(other._slots):
-            return False
-        return all(
-            (theirs := other._slots.get(k)) is not None and theirs.key == mine.key
-            for k, mine in self._slots.items()
-        )
-
-    def __hash__(self) -> int:
-        if self._hash is None:
-            self._hash = hash(frozenset((k, s.key) for k, s in self._slots.items()))
-        return self._hash
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}@{s.key[0]}.{s.key[1]}" for k, s in self._slots.items())
-        return f"TelemetryView({inner})"
-
-
-# ---- the store -----------------------------------------------------------------------------------
+from ._view import ShortKey, Slot, TelemetryView, make_slot
 
 
 def _positive_seconds(_: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -280,7 +119,7 @@ class TelemetryStatistics:
 
 @attrs.frozen
 class _Dropped:
-    key: _ShortKey
+    key: ShortKey
     at: float
 
 
@@ -304,7 +143,7 @@ class TelemetryStore:
         self._config = config if config is not None else TelemetryConfig()
         self._epoch = epoch
         self._seq = 0
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._refreshed: dict[str, float] = {}
         self._dropped: dict[str, _Dropped] = {}
         self._view: TelemetryView | None = TelemetryView()
@@ -348,7 +187,7 @@ class TelemetryStore:
         if current is not None and current.key[:2] >= (epoch, seq):
             epoch, seq = current.key[0], current.key[1] + 1
         entry = TelemetryEntry(self._node_id, epoch, seq, readings)
-        slot = _slot(entry)
+        slot = make_slot(entry)
         self._epoch, self._seq = epoch, seq
         self._slots[self._node_id] = slot
         self._refreshed[self._node_id] = now
@@ -484,77 +323,21 @@ class TelemetryStore:
         )
 
 
-def _checked_slot(entry: TelemetryEntry) -> _Slot | TelemetryRefusalReason:
+def _checked_slot(entry: TelemetryEntry) -> Slot | TelemetryRefusalReason:
     if entry.node_id != entry.readings.node_id:
         return TelemetryRefusalReason.NODE_ID_MISMATCH
     if entry.epoch < 0 or entry.seq < 0:
         return TelemetryRefusalReason.NEGATIVE_VERSION
     try:
-        return _slot(entry)
+        return make_slot(entry)
     except EncodeError:
         return TelemetryRefusalReason.NOT_ENCODABLE
 
 
-def _known(digest: TelemetryDigest) -> dict[str, _ShortKey]:
-    known: dict[str, _ShortKey] = {}
+def _known(digest: TelemetryDigest) -> dict[str, ShortKey]:
+    known: dict[str, ShortKey] = {}
     for version in (*digest.versions, *digest.forgotten):
         key = (version.epoch, version.seq, version.fingerprint)
         if (current := known.get(version.node_id)) is None or current < key:
             known[version.node_id] = key
     return known
-
-
-# ---- epochs --------------------------------------------------------------------------------------
-
-
-class EpochFileCorrupt(Exception):
-    """The epoch file in the data dir does not hold a decimal epoch; Skulk does not guess one
-    (a guess lower than the last epoch would make this node's fresh readings lose)."""
-
-    def __init__(self, path: Path, detail: str) -> None:
-        super().__init__(f"{path}: {detail}; delete it only if no other node state is kept there")
-        self.path = path
-        self.detail = detail
-
-
-_MAX_EPOCH = 2**64 - 1
-
-
-def next_epoch(home: Path) -> int:
-    """Bump and return this node's telemetry epoch, kept in ``home / "telemetry-epoch"``.
-
-    Call once per start-up, before publishing: the first call returns 1. The new value is on
-    disk (temp file, fsync, rename, directory fsync) before it is returned, so a crash never
-    reuses an epoch. Raises :class:`EpochFileCorrupt` for a file that is not a decimal number,
-    and ``OSError`` when the data dir cannot be written.
-    """
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / EPOCH_FILE_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        previous = 0
-    else:
-        text = raw.decode("ascii", errors="replace").strip()
-        if not text.isdigit() or not text.isascii() or len(text) > 20:
-            raise EpochFileCorrupt(path, f"expected a decimal epoch, found {raw[:40]!r}")
-        previous = int(text)
-        if previous >= _MAX_EPOCH:
-            raise EpochFileCorrupt(path, f"epoch {previous} is at the limit")
-    epoch = previous + 1
-    fd, tmp = tempfile.mkstemp(prefix=f".{EPOCH_FILE_NAME}.", dir=home)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(f"{epoch}\n".encode("ascii"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(home, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return epoch

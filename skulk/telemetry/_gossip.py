@@ -1,6 +1,6 @@
 """The telemetry gossip driver: runs a :class:`TelemetryStore` over a :class:`Mesh`'s links.
 
-The store (:mod:`skulk.federation._telemetry`) is the pure core; this module is its thin Trio
+The store (:mod:`skulk.telemetry._store`) is the pure core; this module is its thin Trio
 driver::
 
     store = TelemetryStore(node_id, next_epoch(home))
@@ -40,17 +40,23 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
+from skulk.federation import (
+    Link,
+    LinkBusy,
+    LinkError,
+    LinkUp,
+    Mesh,
+    MeshAddressError,
+    PeerState,
+    PeerUnreachable,
+    quote,
+)
 from skulk.wire import WireError
 from skulk.wire.telemetry import NodeReadings, TelemetryDigest, TelemetryFrame, TelemetryPush
 
-from ._link import Link
-from ._linkbase import LinkBusy, LinkError, PeerUnreachable
-from ._mesh import Mesh
-from ._meshview import LinkUp, MeshAddressError, PeerState
-from ._refusal import quote
-from ._telemetry import TelemetryStore
+from ._store import TelemetryStore
 
-log = logging.getLogger("skulk.federation.gossip")
+log = logging.getLogger("skulk.telemetry.gossip")
 
 
 @attrs.frozen
@@ -80,7 +86,7 @@ class TelemetryGossip:
     """Gossips ``store`` over ``mesh``'s links, publishing ``sample()`` every ``interval`` s.
 
     ``sample`` must be cheap and must not block (it runs on the event loop every round);
-    :func:`~skulk.federation.sample_readings` is (after its first call). Its readings must
+    :func:`~skulk.telemetry.sample_readings` is (after its first call). Its readings must
     carry the store's node id. The driver is the only consumer of ``mesh.events`` (see the
     module doc) and the only user of ``store`` while it runs. Readings are published with
     ``trio.current_time()`` as ``now``; the store's ``ttl`` should be several intervals.
