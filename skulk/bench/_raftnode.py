@@ -81,13 +81,16 @@ async def serve_control(port: int, submit: Submit, status: Callable[[], Json]) -
 
 
 async def run_skulk(args: argparse.Namespace, nodes: dict[str, tuple[str, int]]) -> None:
-    from skulk.consensus import RaftConfig
-    from skulk.consensus._driver import DriverConfig, RaftDriver
-    from skulk.consensus._errors import ConsensusError
-    from skulk.consensus._machine import Counter
-    from skulk.consensus._osdisk import OsDisk
-    from skulk.consensus._storage import Storage
-    from skulk.consensus._transport import MeshTransport
+    from skulk.consensus import (
+        ConsensusError,
+        DriverConfig,
+        MeshTransport,
+        OsDisk,
+        RaftConfig,
+        RaftDriver,
+        Storage,
+    )
+    from skulk.consensus._machine import Counter  # a test machine the face does not export
     from skulk.federation import ClusterSecret, Mesh
 
     secret = ClusterSecret(bytes.fromhex(os.environ["SKULK_CLUSTER_SECRET"]))

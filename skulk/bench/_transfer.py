@@ -30,8 +30,7 @@ import trio
 
 from skulk.federation import ClusterSecret, DataReceiver, Mesh, RpcFailed
 from skulk.models import ShardSlice, card_from_directory, local_manifest
-from skulk.transfer import TRANSFER_METHODS, WeightClient, WeightServer, fetch_model
-from skulk.transfer._protocol import CHUNK_SIZE
+from skulk.transfer import CHUNK_SIZE, TRANSFER_METHODS, WeightClient, WeightServer, fetch_model
 from skulk.wire.cluster import ModelCard, PathSource
 
 _SECRET = ClusterSecret(bytes(range(32)))

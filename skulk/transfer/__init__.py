@@ -30,6 +30,7 @@ from ._client import TransferStatistics, WeightClient
 from ._errors import DiskFull, FetchError, ManifestMismatch, NoHolderReachable, NoManifest
 from ._fetch import FetchPolicy, Progress, fetch_model
 from ._protocol import (
+    CHUNK_SIZE,
     MANIFEST_METHOD,
     RANGES_METHOD,
     TRANSFER_METHODS,
@@ -40,6 +41,7 @@ from ._server import WeightServer, WeightServerStatistics
 from ._store import store_directory
 
 __all__ = [
+    "CHUNK_SIZE",
     "MANIFEST_METHOD",
     "RANGES_METHOD",
     "TRANSFER_METHODS",
