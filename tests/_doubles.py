@@ -1,6 +1,6 @@
-"""Scaffolding the tests share: the test cluster secret, a link configuration fast enough for
-loopback, deterministic handshake randomness, and stand-ins for a federation link and a data
-stream's receiver. Import what you need: ``from tests._doubles import SECRET, FakeLink``."""
+"""Scaffolding the tests share: the test cluster secret, link settings and a redial policy fast
+enough for loopback, deterministic handshake randomness, and stand-ins for a federation link and
+a data stream's receiver. Import what you need: ``from tests._doubles import SECRET, FakeLink``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import trio
 
+from skulk.actors import RestartPolicy
 from skulk.federation import ClusterSecret, LinkClosed, LinkCloseReason, LinkConfig
 from skulk.routing import ROUTE_METHOD
 from skulk.wire import Codec
@@ -28,6 +29,9 @@ LINK_CONFIG = LinkConfig(
     liveness_timeout=1.0,
     close_timeout=0.5,
 )
+
+#: How a test's mesh redials a lost peer: soon, and soon again.
+LINK_BACKOFF = RestartPolicy(initial_backoff=0.05, max_backoff=0.3, jitter=0.5, reset_after=1.0)
 
 #: How :class:`FakeLink` closes.
 BYE = LinkClosed(LinkCloseReason.CLOSED, 1000, "bye", True)

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from skulk.actors import RestartPolicy
 from skulk.federation import (
     Mesh,
     TelemetryConfig,
@@ -16,10 +15,10 @@ from skulk.federation import (
     TelemetryStore,
 )
 from skulk.wire.telemetry import NodeReadings
+from tests._doubles import LINK_BACKOFF as BACKOFF
 from tests._doubles import LINK_CONFIG as LINK
 from tests._doubles import SECRET
 
-BACKOFF = RestartPolicy(initial_backoff=0.05, max_backoff=0.3, jitter=0.5, reset_after=1.0)
 TTL = 1.0
 INTERVAL = 0.1
 

@@ -10,7 +10,6 @@ import pytest
 import trio
 import trio_websocket
 
-from skulk.actors import RestartPolicy
 from skulk.federation import (
     ClientHandshake,
     ClusterSecret,
@@ -28,10 +27,10 @@ from skulk.federation import (
     parse_listen_address,
 )
 from skulk.wire.federation import PROTOCOL_VERSION
+from tests._doubles import LINK_BACKOFF as BACKOFF
 from tests._doubles import LINK_CONFIG as CONFIG
 from tests._doubles import OTHER_SECRET, SECRET
 
-BACKOFF = RestartPolicy(initial_backoff=0.05, max_backoff=0.3, jitter=0.5, reset_after=1.0)
 SLACK = 2.0  # on top of a configured timeout, for a loaded 2-core machine
 
 
