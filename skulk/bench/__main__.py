@@ -168,7 +168,8 @@ def _raft(args: argparse.Namespace) -> int:
 
 
 def _distributed(args: argparse.Namespace) -> int:
-    from skulk.bench._distributed import run, settings_from
+    from skulk.bench._distributed import run
+    from skulk.bench._distributed_setup import settings_from
 
     settings = settings_from(
         tiny=args.tiny,
@@ -197,7 +198,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    from skulk.bench._load import MODES
+    from skulk.bench._load_modes import MODES
 
     modes = tuple(text.split(","))
     if not set(modes) <= set(MODES):
@@ -206,7 +207,8 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from skulk.bench._load import MODES, Settings, run, table
+    from skulk.bench._load import run, table
+    from skulk.bench._load_modes import MODES, Settings
 
     settings = Settings(
         model=args.model,

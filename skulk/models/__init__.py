@@ -21,6 +21,7 @@ from skulk.models._demo import (
     write_demo_model,
 )
 from skulk.models._errors import ModelNotFound
+from skulk.models._generated import ModelShape, write_generated_model
 from skulk.models._manifest import (
     MAX_MANIFEST_BYTES,
     FileStamp,
@@ -45,6 +46,7 @@ __all__ = [
     "LocalManifest",
     "ManifestInvalid",
     "ModelNotFound",
+    "ModelShape",
     "ShardSlice",
     "available_models",
     "card_from_directory",
@@ -60,4 +62,5 @@ __all__ = [
     "stamps_of",
     "write_atomically",
     "write_demo_model",
+    "write_generated_model",
 ]

@@ -8,20 +8,13 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from skulk.actors import RestartPolicy
-from skulk.federation import ClusterSecret, LinkConfig, Mesh
+from skulk.federation import Mesh
 from skulk.telemetry import TelemetryConfig, TelemetryGossip, TelemetryStore
 from skulk.wire.telemetry import NodeReadings
+from tests._doubles import LINK_BACKOFF as BACKOFF
+from tests._doubles import LINK_CONFIG as LINK
+from tests._doubles import SECRET
 
-SECRET = ClusterSecret(bytes(range(32)))
-LINK = LinkConfig(
-    max_frame_size=64 * 1024,
-    handshake_timeout=1.0,
-    heartbeat_interval=0.1,
-    liveness_timeout=1.0,
-    close_timeout=0.5,
-)
-BACKOFF = RestartPolicy(initial_backoff=0.05, max_backoff=0.3, jitter=0.5, reset_after=1.0)
 TTL = 1.0
 INTERVAL = 0.1
 

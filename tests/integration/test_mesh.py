@@ -10,12 +10,10 @@ import pytest
 import trio
 import trio_websocket
 
-from skulk.actors import RestartPolicy
 from skulk.federation import (
     ClientHandshake,
     ClusterSecret,
     Established,
-    LinkConfig,
     LinkUp,
     LinkView,
     Mesh,
@@ -28,17 +26,10 @@ from skulk.federation import (
 )
 from skulk.federation._meshview import LinkDown, MeshEvent
 from skulk.wire.federation import PROTOCOL_VERSION
+from tests._doubles import LINK_BACKOFF as BACKOFF
+from tests._doubles import LINK_CONFIG as CONFIG
+from tests._doubles import OTHER_SECRET, SECRET
 
-SECRET = ClusterSecret(bytes(range(32)))
-OTHER_SECRET = ClusterSecret(bytes(range(1, 33)))
-CONFIG = LinkConfig(
-    max_frame_size=64 * 1024,
-    handshake_timeout=1.0,
-    heartbeat_interval=0.1,
-    liveness_timeout=1.0,
-    close_timeout=0.5,
-)
-BACKOFF = RestartPolicy(initial_backoff=0.05, max_backoff=0.3, jitter=0.5, reset_after=1.0)
 SLACK = 2.0  # on top of a configured timeout, for a loaded 2-core machine
 
 

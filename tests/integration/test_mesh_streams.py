@@ -11,24 +11,14 @@ import pytest
 import trio
 
 from skulk.federation import (
-    ClusterSecret,
     DataReceiver,
     DataSender,
-    LinkConfig,
     Mesh,
     StreamStopped,
     rpc_peer,
 )
 from skulk.federation._mesh import StreamHandler
 
-SECRET = ClusterSecret(bytes(range(32)))
-CONFIG = LinkConfig(
-    max_frame_size=64 * 1024,
-    handshake_timeout=1.0,
-    heartbeat_interval=0.1,
-    liveness_timeout=1.0,
-    close_timeout=0.5,
-)
 WITHIN = 5.0  # seconds for anything that should happen promptly, on a loaded 2-core machine
 
 

@@ -14,10 +14,8 @@ import pytest
 import trio
 
 from skulk.federation import (
-    ClusterSecret,
     DataReceiver,
     DataSender,
-    LinkConfig,
     Mesh,
     RpcFailed,
     StreamStopped,
@@ -36,15 +34,9 @@ from skulk.wire import Codec
 from skulk.wire.routing import RouteDelta, RouteHeader, RouteItem, RouteRequest
 from skulk.wire.runner import SamplingParams, TextPrompt, Usage
 from skulk.worker import Generation, ModelService, ModelStatus, ModelUnavailable, RequestFailure
+from tests._doubles import LINK_CONFIG as CONFIG
+from tests._doubles import SECRET
 
-SECRET = ClusterSecret(bytes(range(32)))
-CONFIG = LinkConfig(
-    max_frame_size=64 * 1024,
-    handshake_timeout=1.0,
-    heartbeat_interval=0.1,
-    liveness_timeout=1.0,
-    close_timeout=0.5,
-)
 #: Long enough that none fires by accident on a loaded machine: a test that wants one to fire
 #: shortens it. ``idle`` especially: a lost link must be noticed without it.
 TIMEOUTS = RouteTimeouts(admit=10.0, header=10.0, send=30.0, keepalive=2.0, idle=60.0)

@@ -22,7 +22,7 @@ import trio
 import skulk.transfer._fetch as fetch_module
 import skulk.transfer._store as store_module
 from skulk.actors import RestartPolicy
-from skulk.federation import ClusterSecret, DataReceiver, LinkConfig, Mesh, RpcFailed
+from skulk.federation import DataReceiver, LinkConfig, Mesh, RpcFailed
 from skulk.models import encode_manifest, ensure_demo_model, local_manifest
 from skulk.models._card import card_from_directory
 from skulk.models._generated import ModelShape, write_generated_model
@@ -58,8 +58,8 @@ from skulk.wire.transfer import (
     RangeRequest,
     RangesAccepted,
 )
+from tests._doubles import SECRET
 
-SECRET = ClusterSecret(bytes(range(32)))
 CONFIG = LinkConfig(
     handshake_timeout=5.0, heartbeat_interval=0.1, liveness_timeout=3.0, close_timeout=0.5
 )

@@ -9,9 +9,6 @@ and never calls a fresh nonce a replay.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-from collections.abc import Callable
 from typing import Any
 
 import cbor2
@@ -20,7 +17,6 @@ from hypothesis import strategies as st
 
 from skulk.federation import (
     ClientHandshake,
-    ClusterSecret,
     Established,
     RefusalReason,
     Refused,
@@ -37,16 +33,11 @@ from skulk.wire.federation import (
     ServerChallenge,
     Welcome,
 )
+from tests._doubles import SECRET, counter_rng
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-SECRET = ClusterSecret(bytes(range(32)))
 Machine = ClientHandshake | ServerHandshake
-
-
-def counter_rng(seed: str) -> Callable[[int], bytes]:
-    counter = itertools.count()
-    return lambda n: hashlib.sha256(f"{seed}/{next(counter)}".encode()).digest()[:n]
 
 
 def fresh_pair() -> tuple[ClientHandshake, ServerHandshake]:

@@ -14,9 +14,6 @@ Each example runs under ``trio.run`` with an autojump mock clock (memory streams
 from __future__ import annotations
 
 import functools
-import hashlib
-import itertools
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -28,7 +25,6 @@ from hypothesis import strategies as st
 
 from skulk.federation import (
     ClientHandshake,
-    ClusterSecret,
     Established,
     HandshakeFailed,
     Link,
@@ -58,10 +54,10 @@ from skulk.wire.link import (
     RpcResponse,
 )
 from skulk.wire.telemetry import TelemetryDigest, TelemetryPush, TelemetryVersion
+from tests._doubles import SECRET, counter_rng
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-SECRET = ClusterSecret(bytes(range(32)))
 CONFIG = LinkConfig(
     max_frame_size=16 * 1024,
     handshake_timeout=2.0,
@@ -77,11 +73,6 @@ CONFIG = LinkConfig(
 )
 CODEC: Codec[LinkFrame] = Codec(LinkFrame, max_frame_size=CONFIG.max_frame_size)
 LINK_REASONS = {r for r in LinkCloseReason if r is not LinkCloseReason.INTERNAL_ERROR}
-
-
-def counter_rng(seed: str) -> Callable[[int], bytes]:
-    counter = itertools.count()
-    return lambda n: hashlib.sha256(f"{seed}/{next(counter)}".encode()).digest()[:n]
 
 
 async def slow_handler(method: str, body: bytes) -> bytes:

@@ -13,7 +13,7 @@ import trio.testing
 from skulk.api._cluster_routes import refusal_error
 from skulk.cluster import State
 from skulk.control import CONTROL_METHOD, ClusterControl, ControlUnavailable
-from skulk.control._control import CALL_CODEC, REPLY_CODEC
+from skulk.control._rpc import CALL_CODEC, REPLY_CODEC
 from skulk.federation import RpcFailed
 from skulk.wire.cluster import ControlRefused, PlacementAsk, RemoveNodeAsk
 

@@ -3,10 +3,6 @@ reflection and tampering, and what crosses the wire."""
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-from collections.abc import Callable
-
 import cbor2
 import pytest
 
@@ -30,20 +26,10 @@ from skulk.wire.federation import (
     ServerChallenge,
     Welcome,
 )
+from tests._doubles import OTHER_SECRET as OTHER
+from tests._doubles import SECRET, counter_rng
 
 KEY = bytes(range(32))
-SECRET = ClusterSecret(KEY)
-OTHER = ClusterSecret(bytes(range(1, 33)))
-
-
-def counter_rng(seed: str) -> Callable[[int], bytes]:
-    """Deterministic, distinct bytes per call."""
-    counter = itertools.count()
-
-    def rng(n: int) -> bytes:
-        return hashlib.sha256(f"{seed}/{next(counter)}".encode()).digest()[:n]
-
-    return rng
 
 
 def client(

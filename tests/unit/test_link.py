@@ -8,8 +8,6 @@ cost nothing. Helpers here are shared with ``test_link_data.py``.
 from __future__ import annotations
 
 import functools
-import hashlib
-import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -50,9 +48,8 @@ from skulk.wire import Codec
 from skulk.wire.federation import PROTOCOL_VERSION, ServerChallenge
 from skulk.wire.link import LinkFrame, Ping, Pong, RaftMessage, RpcRequest
 from skulk.wire.telemetry import TelemetryDigest
+from tests._doubles import OTHER_SECRET, SECRET, counter_rng
 
-SECRET = ClusterSecret(bytes(range(32)))
-OTHER_SECRET = ClusterSecret(bytes(range(1, 33)))
 CONFIG = LinkConfig(
     max_frame_size=64 * 1024,
     handshake_timeout=2.0,
@@ -61,11 +58,6 @@ CONFIG = LinkConfig(
     close_timeout=0.5,
 )
 CODEC: Codec[LinkFrame] = Codec(LinkFrame, max_frame_size=CONFIG.max_frame_size)
-
-
-def counter_rng(seed: str) -> Callable[[int], bytes]:
-    counter = itertools.count()
-    return lambda n: hashlib.sha256(f"{seed}/{next(counter)}".encode()).digest()[:n]
 
 
 def client_handshake(secret: ClusterSecret = SECRET, node_id: str = "node-a") -> ClientHandshake:

@@ -111,7 +111,8 @@ def test_renderers_put_logprobs_on_chunks_and_whole_responses() -> None:
 
 
 async def test_a_remote_answer_keeps_its_entries(autojump_clock: trio.testing.MockClock) -> None:
-    from tests.unit.test_routing_caller import FakeLink, answer_with, collect, request, routing
+    from tests._doubles import FakeLink
+    from tests.unit.test_routing_caller import answer_with, collect, request, routing
 
     link = FakeLink()
     r = routing(link)

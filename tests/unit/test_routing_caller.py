@@ -39,39 +39,14 @@ from skulk.wire.routing import (
     RouteItem,
     RouteKeepalive,
     RouteNotReady,
-    RouteRequest,
 )
 from skulk.wire.runner import SamplingParams, TextPrompt, Usage
 from skulk.worker import Generation, RequestFailure
-from tests.unit._streams import FakeReceiver
+from tests._doubles import FakeLink, FakeReceiver
 
 ITEMS: Codec[RouteItem] = Codec(RouteItem)
 TIMEOUTS = RouteTimeouts(admit=5.0, header=5.0, send=30.0, keepalive=2.0, idle=10.0)
 PARAMS = SamplingParams()
-
-
-class FakeLink:
-    """A Link stand-in for node-b: ``call`` records the request and answers ``answer`` (or
-    raises it)."""
-
-    def __init__(self, answer: bytes | BaseException = b"admitted") -> None:
-        self.answer = answer
-        self.requests: list[RouteRequest] = []
-        self.closed: LinkClosed | None = None
-        self.called = trio.Event()
-
-    async def call(self, method: str, body: bytes, timeout: float) -> bytes:  # noqa: ASYNC109
-        assert method == ROUTE_METHOD
-        await trio.lowlevel.checkpoint()
-        self.requests.append(Codec(RouteRequest).decode(body))
-        self.called.set()
-        if isinstance(self.answer, BaseException):
-            raise self.answer
-        return self.answer
-
-    async def wait_closed(self) -> LinkClosed:
-        await trio.sleep_forever()
-        raise AssertionError
 
 
 class FakeMesh:

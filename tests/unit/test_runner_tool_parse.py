@@ -40,8 +40,9 @@ from skulk.wire.runner import (
     Usage,
 )
 from skulk.worker import Generation
+from tests._doubles import FakeLink
 from tests.unit.test_engine_batch import Loop
-from tests.unit.test_routing_caller import FakeLink, answer_with, collect, routing
+from tests.unit.test_routing_caller import answer_with, collect, routing
 from tests.unit.test_routing_caller import request as remote_request
 
 TOOLS = [

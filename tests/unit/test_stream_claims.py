@@ -16,16 +16,13 @@ import trio.testing
 from skulk.federation import (
     DataReceiver,
     Link,
-    LinkClosed,
-    LinkCloseReason,
     PeerUnreachable,
     StreamClaims,
 )
 from skulk.wire import Codec
-from tests.unit._streams import FakeReceiver
+from tests._doubles import BYE, FakeLink, FakeReceiver
 
 HEADER_TIMEOUT = 5.0
-BYE = LinkClosed(LinkCloseReason.CLOSED, 1000, "bye", True)
 
 
 @attrs.frozen
@@ -39,22 +36,6 @@ class Body:
 
 
 CODEC: Codec[Head | Body] = Codec(Head | Body)
-
-
-class FakeLink:
-    """A Link stand-in: only its closing matters here."""
-
-    def __init__(self) -> None:
-        self.closed: LinkClosed | None = None
-        self._done = trio.Event()
-
-    def close(self) -> None:
-        self.closed = BYE
-        self._done.set()
-
-    async def wait_closed(self) -> LinkClosed:
-        await self._done.wait()
-        return BYE
 
 
 @pytest.fixture
