@@ -18,6 +18,8 @@ from skulk.federation import (
     rpc_peer,
 )
 from skulk.federation._mesh import StreamHandler
+from tests._doubles import LINK_CONFIG as CONFIG
+from tests._doubles import SECRET
 
 WITHIN = 5.0  # seconds for anything that should happen promptly, on a loaded 2-core machine
 
