@@ -34,8 +34,8 @@ from skulk.routing import (
 )
 from skulk.wire import Codec
 from skulk.wire.routing import RouteDelta, RouteHeader, RouteItem, RouteRequest
-from skulk.wire.runner import SamplingParams, TextPrompt, Usage
-from skulk.worker import Generation, ModelService, ModelStatus, ModelUnavailable, RequestFailure
+from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
+from skulk.worker import ModelService, ModelStatus, ModelUnavailable, RequestFailure
 
 SECRET = ClusterSecret(bytes(range(32)))
 CONFIG = LinkConfig(
@@ -57,7 +57,7 @@ REQUESTS: Codec[RouteRequest] = Codec(RouteRequest)
 
 class FakeService:
     """A ModelService stand-in: yields ``texts``, then ``hold`` (an event to wait for) if
-    set, then ``failure`` (raised) or a Generation; counts starts and finished generators."""
+    set, then ``failure`` (raised) or a GenerationEnd; counts starts and finished generators."""
 
     def __init__(self, texts: list[str] | None = None) -> None:
         self.state = "ready"
@@ -75,7 +75,7 @@ class FakeService:
 
     async def generate(
         self, prompt: object, params: object
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         self.started += 1
         try:
             if self.failure is not None and isinstance(self.failure, ModelUnavailable):
@@ -87,7 +87,7 @@ class FakeService:
                 await self.hold.wait()
             if self.failure is not None:
                 raise self.failure
-            yield Generation("stop", Usage(1, len(self.texts)))
+            yield GenerationEnd("stop", Usage(1, len(self.texts)))
         except (trio.Cancelled, GeneratorExit):
             self.aborted += 1
             raise
@@ -107,7 +107,7 @@ class Pair:
     stop_b_mesh: trio.CancelScope
     stop_b_routing: trio.CancelScope
 
-    def generate(self, instance: str = "i1") -> AsyncGenerator[str | Generation, None]:
+    def generate(self, instance: str = "i1") -> AsyncGenerator[str | GenerationEnd, None]:
         return self.at_a.generate("node-b", instance, PROMPT, PARAMS)
 
     def b_stream_to_a(self) -> DataSender:
@@ -180,7 +180,7 @@ async def _under(
         await run(task_status=task_status)
 
 
-async def collect(items: AsyncGenerator[str | Generation, None]) -> list[str | Generation]:
+async def collect(items: AsyncGenerator[str | GenerationEnd, None]) -> list[str | GenerationEnd]:
     async with aclosing(items):
         return [item async for item in items]
 
@@ -222,7 +222,7 @@ async def test_every_delta_and_the_end_arrive_in_order() -> None:
         *deltas, last = got
         assert all(isinstance(d, str) for d in deltas)
         assert "".join(cast(list[str], deltas)) == "".join(texts)
-        assert last == Generation("stop", Usage(1, 200))
+        assert last == GenerationEnd("stop", Usage(1, 200))
         assert p.services["i1"].closed == 1
         await until(lambda: no_leaks(p))
         assert p.at_b.statistics().served == 1
@@ -233,7 +233,7 @@ async def test_a_runner_failure_arrives_typed_after_the_deltas_before_it() -> No
     async with pair() as p:
         p.services["i1"].texts = ["partial"]
         p.services["i1"].failure = RequestFailure("runner_crashed", "the runner died")
-        got: list[str | Generation] = []
+        got: list[str | GenerationEnd] = []
         with trio.fail_after(WITHIN), pytest.raises(RequestFailure) as info:
             async with aclosing(p.generate()) as items:
                 async for item in items:
@@ -283,10 +283,10 @@ async def test_beyond_the_admission_bound_the_request_is_overloaded_with_retry_a
             assert service.started == 1  # refused before it reached the service
             service.hold.set()
             with trio.fail_after(WITHIN):
-                assert (await collect(first))[-1] == Generation("stop", Usage(1, 1))
+                assert (await collect(first))[-1] == GenerationEnd("stop", Usage(1, 1))
         await until(lambda: no_leaks(p))
         with trio.fail_after(WITHIN):  # the place was given back
-            assert (await collect(p.generate()))[-1] == Generation("stop", Usage(1, 1))
+            assert (await collect(p.generate()))[-1] == GenerationEnd("stop", Usage(1, 1))
         assert p.admission.statistics().refused == 1
 
 
@@ -370,7 +370,7 @@ async def test_keepalives_carry_a_long_silence_past_the_idle_deadline() -> None:
         p.services["i1"].pause = 1.5  # three idle deadlines without a delta
         with trio.fail_after(WITHIN):
             got = await collect(p.generate())
-        assert got[-1] == Generation("stop", Usage(1, 1))
+        assert got[-1] == GenerationEnd("stop", Usage(1, 1))
 
 
 async def test_a_stalled_receiver_is_given_up_after_the_send_deadline() -> None:
