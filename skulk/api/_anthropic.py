@@ -26,7 +26,7 @@ official client takes it from there). A failure after the stream started ends it
 
 ``stop_reason`` is ``max_tokens`` when the token limit ended the message, ``stop_sequence``
 (with ``stop_sequence`` set to it) when one of the request's ``stop_sequences`` did — the
-runner's stop matcher reports which one (``Finished.stop_sequence``) — else ``end_turn``.
+runner's stop matcher reports which one (``GenerationEnd.stop_sequence``) — else ``end_turn``.
 
 ``count_tokens`` is answered by the runner rendering and tokenizing the prompt (a
 ``Tokenize`` request through the router): nothing is decoded.
@@ -68,8 +68,7 @@ from skulk.api._openai_parse import (
 from skulk.api._request import Event, GenerateRequest
 from skulk.api._schema import Schema, honoured, obj, ref, typed
 from skulk.api._tool_calls import Choice, Tool, forced_params, tools_json
-from skulk.wire.runner import ChatMessage, ChatPrompt, FinishReason, SamplingParams
-from skulk.worker import Generation
+from skulk.wire.runner import ChatMessage, ChatPrompt, FinishReason, GenerationEnd, SamplingParams
 
 #: The most stop sequences one request may carry: the runner checks every one of them against
 #: the text it holds back after every token.
@@ -377,7 +376,7 @@ class AnthropicRenderer:
     id: str
 
     def message(
-        self, content: list[dict[str, object]], end: Generation | None
+        self, content: list[dict[str, object]], end: GenerationEnd | None
     ) -> dict[str, object]:
         usage = end.usage if end is not None else None
         reason = None if end is None else stop_reason(end.finish_reason, end.stop_sequence)
@@ -405,7 +404,7 @@ class AnthropicRenderer:
     def delta(self, text: str) -> list[Event]:
         return [_event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})]
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         usage = end.usage
         return [
             _event("content_block_stop", index=0),
@@ -426,5 +425,5 @@ class AnthropicRenderer:
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(anthropic_envelope(err), name="error")]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         return self.message([{"type": "text", "text": text}], end)

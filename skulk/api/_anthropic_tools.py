@@ -33,8 +33,7 @@ from skulk.api._tool_calls import (
     checked_object,
     objects,
 )
-from skulk.wire.runner import ChatMessage, FinishReason, ToolCall
-from skulk.worker import Generation
+from skulk.wire.runner import ChatMessage, FinishReason, GenerationEnd, ToolCall
 
 _TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
 # ``caller`` and ``toolset_name`` are what the official client echoes back from a response's
@@ -166,7 +165,7 @@ def _event(name: str, **data: object) -> Event:
     return Event({"type": name, **data}, name=name)
 
 
-def _stop_reason(end: Generation, calls: bool) -> str:
+def _stop_reason(end: GenerationEnd, calls: bool) -> str:
     if calls:
         return "tool_use"
     reason: FinishReason = end.finish_reason
@@ -184,7 +183,7 @@ class ToolsRenderer:
     _held: list[str] = attrs.Factory(list)
 
     def _message(
-        self, content: list[Mapping[str, object]], end: Generation | None
+        self, content: list[Mapping[str, object]], end: GenerationEnd | None
     ) -> dict[str, object]:
         calls = any(b.get("type") == "tool_use" for b in content)
         return {
@@ -208,11 +207,11 @@ class ToolsRenderer:
         self._held.append(text)
         return []
 
-    def _answer(self, end: Generation) -> tuple[str, list[Call]]:
+    def _answer(self, end: GenerationEnd) -> tuple[str, list[Call]]:
         text = "".join(self._held)
         return answer_calls(text, end, id_prefix="toolu_")
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         text, calls = self._answer(end)
         events = []
         index = 0
@@ -241,7 +240,7 @@ class ToolsRenderer:
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(anthropic_envelope(err), name="error")]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         self._held = [text]
         content, calls = self._answer(end)
         blocks: list[Mapping[str, object]] = [{"type": "text", "text": content}] if content else []

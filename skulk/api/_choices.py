@@ -37,8 +37,8 @@ import trio
 from skulk.api._openai_errors import ApiError
 from skulk.api._request import Event
 from skulk.api._stream import SERVING_ERRORS, Items, Request, serving_error
-from skulk.wire.runner import SamplingParams, Usage
-from skulk.worker import Generation, join_scored, logprobs_of
+from skulk.wire.runner import GenerationEnd, SamplingParams, Usage
+from skulk.worker import join_scored, logprobs_of
 
 log = logging.getLogger("skulk.api")
 
@@ -61,13 +61,15 @@ class ChoicesRenderer(Protocol):
 
     def delta(self, index: int, text: str) -> list[Event]: ...
 
-    def finish(self, index: int, end: Generation) -> list[Event]: ...
+    def finish(self, index: int, end: GenerationEnd) -> list[Event]: ...
 
     def closing(self, usage: Usage) -> list[Event]: ...
 
     def failure(self, err: ApiError) -> list[Event]: ...
 
-    def whole(self, choices: Sequence[tuple[str, Generation]], usage: Usage) -> dict[str, object]:
+    def whole(
+        self, choices: Sequence[tuple[str, GenerationEnd]], usage: Usage
+    ) -> dict[str, object]:
         """The whole (non-streamed) response: each choice's text and end, by index."""
         ...
 
@@ -120,7 +122,7 @@ def combined_usage(usages: Sequence[Usage]) -> Usage:
     )
 
 
-_Item = tuple[int, str | Generation | ApiError]
+_Item = tuple[int, str | GenerationEnd | ApiError]
 """What a choice's pump passes on: its index, and its next item or its failure."""
 
 
@@ -147,7 +149,7 @@ class OpenedChoices:
         self._ended = trio.Event()  # every pump has ended
         self._cancel: trio.CancelScope | None = None
         self._closed = False
-        self._firsts: list[tuple[int, str | Generation]] = []
+        self._firsts: list[tuple[int, str | GenerationEnd]] = []
 
     async def _supervise(
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -172,7 +174,7 @@ class OpenedChoices:
                 first = True
                 async for item in items:
                     await send.send((index, item))
-                    if isinstance(item, Generation):
+                    if isinstance(item, GenerationEnd):
                         return
                     if first:  # hold the admission place until every choice has one
                         first = False
@@ -185,7 +187,7 @@ class OpenedChoices:
                 err = ApiError.server_error("internal server error", code="internal")
             await send.send((index, err))
 
-    async def _next(self) -> tuple[int, str | Generation]:
+    async def _next(self) -> tuple[int, str | GenerationEnd]:
         try:
             index, item = await self._receive.receive()
         except trio.EndOfChannel:  # every pump ended without its end: cancelled from outside
@@ -202,7 +204,7 @@ class OpenedChoices:
             self._firsts.append((index, item))
             pending.discard(index)
 
-    async def _items(self) -> AsyncGenerator[tuple[int, str | Generation], None]:
+    async def _items(self) -> AsyncGenerator[tuple[int, str | GenerationEnd], None]:
         """Every choice's items as they come (the first ones, then the rest) until every
         choice has ended; raises a choice's failure."""
         if self._go.is_set():
@@ -211,11 +213,11 @@ class OpenedChoices:
         firsts, self._firsts = self._firsts, []
         ended = 0
         for index, item in firsts:
-            ended += isinstance(item, Generation)
+            ended += isinstance(item, GenerationEnd)
             yield index, item
         while ended < len(self._choices):
             index, item = await self._next()
-            ended += isinstance(item, Generation)
+            ended += isinstance(item, GenerationEnd)
             yield index, item
 
     async def events(self) -> AsyncGenerator[Event, None]:
@@ -230,7 +232,7 @@ class OpenedChoices:
                 for event in r.opening(index):
                     yield event
             async for index, item in items:
-                if isinstance(item, Generation):
+                if isinstance(item, GenerationEnd):
                     usages[index] = item.usage
                     events = r.finish(index, item)
                 else:
@@ -244,10 +246,10 @@ class OpenedChoices:
         """Run every choice to its end: the whole (non-streamed) response. Raises
         :class:`ApiError` when a choice fails (:meth:`aclose` cancels the others)."""
         texts: dict[int, list[str]] = {i: [] for i in range(len(self._choices))}
-        ends: dict[int, Generation] = {}
+        ends: dict[int, GenerationEnd] = {}
         async with aclosing(self._items()) as items:
             async for index, item in items:
-                if isinstance(item, Generation):
+                if isinstance(item, GenerationEnd):
                     ends[index] = item
                 else:
                     texts[index].append(item)

@@ -39,8 +39,7 @@ from skulk.api._schema import INFORMATIONAL, Schema, honoured, no_op, obj, ref
 from skulk.api._structured import ollama_format
 from skulk.api._tool_calls import tools_json
 from skulk.wire.cluster import ModelCard
-from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, TextPrompt
-from skulk.worker import Generation
+from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams, TextPrompt
 
 #: Ollama's own defaults for the options it samples with (``api/types.go`` DefaultOptions).
 DEFAULT_TEMPERATURE = 0.8
@@ -605,7 +604,7 @@ def delta(kind: Kind, model: str, text: str) -> dict[str, object]:
 
 
 def final(
-    kind: Kind, model: str, end: Generation, durations: Mapping[str, int], text: str = ""
+    kind: Kind, model: str, end: GenerationEnd, durations: Mapping[str, int], text: str = ""
 ) -> dict[str, object]:
     """The last line of a stream (``text`` empty), or the whole answer (all of ``text``):
     ``done_reason`` (``stop`` or ``length``), token counts and durations."""
@@ -661,13 +660,13 @@ class OllamaRenderer:
     def delta(self, text: str) -> list[Event]:
         return [Event(delta(self.kind, self.model, text))]
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         return [Event(final(self.kind, self.model, end, self.clock.durations()))]
 
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(ollama_envelope(err))]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         return final(self.kind, self.model, end, self.clock.durations(), text)
 
 

@@ -47,7 +47,7 @@ from skulk.api._stream import (
     routing_error,
 )
 from skulk.routing import Route, Router
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd
 
 log = logging.getLogger("skulk.api")
 
@@ -122,7 +122,7 @@ def _one(body: dict[str, object], *, stream: bool) -> Response:
     return Response(ndjson_line(body), status=200, content_type=NDJSON)
 
 
-async def _stamped(items: Items, clock: Clock) -> AsyncGenerator[str | Generation, None]:
+async def _stamped(items: Items, clock: Clock) -> AsyncGenerator[str | GenerationEnd, None]:
     """``items`` passed on, marking on ``clock`` when the first one arrived (the end of prompt
     evaluation); closing this closes ``items`` (which cancels the generation)."""
     async with aclosing(items):

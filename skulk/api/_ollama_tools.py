@@ -22,8 +22,7 @@ import attrs
 from skulk.api._openai_errors import ApiError
 from skulk.api._request import Event
 from skulk.api._tool_calls import Call, answer_calls, checked_object, objects
-from skulk.wire.runner import ToolCall
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd, ToolCall
 
 _CALL_KEYS = frozenset({"id", "type", "function"})
 _FUNCTION_KEYS = frozenset({"name", "arguments", "index"})
@@ -62,7 +61,7 @@ class ToolsRenderer:
     request); ``failure_line`` its error line."""
 
     line: Callable[[str], dict[str, object]]
-    last: Callable[[Generation, str], dict[str, object]]
+    last: Callable[[GenerationEnd, str], dict[str, object]]
     failure_line: Callable[[ApiError], dict[str, object]]
     _held: list[str] = attrs.Factory(list)
 
@@ -73,7 +72,7 @@ class ToolsRenderer:
         self._held.append(text)
         return []
 
-    def _answer(self, end: Generation) -> tuple[str, list[Call]]:
+    def _answer(self, end: GenerationEnd) -> tuple[str, list[Call]]:
         text = "".join(self._held)
         return answer_calls(text, end)
 
@@ -83,7 +82,7 @@ class ToolsRenderer:
             message["tool_calls"] = call_objects(calls)
         return body
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         text, calls = self._answer(end)
         lines = [Event(self._with_calls(self.line(text), calls))] if text or calls else []
         return [*lines, Event(self.last(end, ""))]
@@ -91,7 +90,7 @@ class ToolsRenderer:
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(self.failure_line(err))]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         self._held = [text]
         content, calls = self._answer(end)
         return self._with_calls(self.last(end, content), calls)

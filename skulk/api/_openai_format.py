@@ -32,8 +32,7 @@ import attrs
 from skulk.api._openai_errors import ApiError
 from skulk.api._openai_logprobs import chat_logprobs, completion_logprobs
 from skulk.api._request import Event
-from skulk.wire.runner import FinishReason, Usage
-from skulk.worker import Generation
+from skulk.wire.runner import FinishReason, GenerationEnd, Usage
 
 OpenAIFinishReason = Literal["stop", "length"]
 
@@ -482,13 +481,13 @@ class OpenAIRenderer:
     def delta(self, text: str) -> list[Event]:
         return [Event(self.stream.content(text))]
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         return [*map(Event, self.stream.closing(end.finish_reason, end.usage)), _DONE]
 
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(err.envelope()), _DONE]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         s = self.stream
         make = chat_completion if isinstance(s, ChatStream) else completion
         return make(
@@ -518,7 +517,7 @@ class OpenAIChoicesRenderer:
     def delta(self, index: int, text: str) -> list[Event]:
         return [Event(self.stream.content(text, index))]
 
-    def finish(self, index: int, end: Generation) -> list[Event]:
+    def finish(self, index: int, end: GenerationEnd) -> list[Event]:
         s = self.stream
         if isinstance(s, ChatStream):
             chunk = chat_finish_chunk(
@@ -551,7 +550,9 @@ class OpenAIChoicesRenderer:
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(err.envelope()), _DONE]
 
-    def whole(self, choices: Sequence[tuple[str, Generation]], usage: Usage) -> dict[str, object]:
+    def whole(
+        self, choices: Sequence[tuple[str, GenerationEnd]], usage: Usage
+    ) -> dict[str, object]:
         s = self.stream
         kind: Literal["chat", "completion"] = "chat" if isinstance(s, ChatStream) else "completion"
         ends = [(text, end.finish_reason) for text, end in choices]

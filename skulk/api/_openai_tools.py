@@ -38,8 +38,7 @@ from skulk.api._tool_calls import (
     checked_object,
     objects,
 )
-from skulk.wire.runner import ToolCall
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd, ToolCall
 
 _DONE = Event("[DONE]")
 _FUNCTION_KEYS = ("name", "description", "parameters", "strict")
@@ -175,7 +174,7 @@ class ToolsRenderer:
         self._held.append(text)
         return []
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         text, calls = self._answer(end)
         events = []
         if text:
@@ -195,7 +194,7 @@ class ToolsRenderer:
     def failure(self, err: ApiError) -> list[Event]:
         return [Event(err.envelope()), _DONE]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         self._held = [text]
         content, calls = self._answer(end)
         message: dict[str, object] = {"role": "assistant", "content": content or None}
@@ -217,10 +216,10 @@ class ToolsRenderer:
             "usage": usage_object(end.usage),
         }
 
-    def _answer(self, end: Generation) -> tuple[str, list[Call]]:
+    def _answer(self, end: GenerationEnd) -> tuple[str, list[Call]]:
         text = "".join(self._held)
         return answer_calls(text, end)
 
     @staticmethod
-    def _reason(end: Generation, calls: Sequence[Call]) -> str:
+    def _reason(end: GenerationEnd, calls: Sequence[Call]) -> str:
         return "tool_calls" if calls else openai_finish_reason(end.finish_reason)

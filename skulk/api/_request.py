@@ -8,7 +8,7 @@ Messages, ...) has an adapter module with two halves:
   :class:`~skulk.wire.runner.SamplingParams`, the stream flag, and a :class:`Format` holding
   whatever the format needs to answer (ids, echoed fields, stream options);
 * a **renderer** (:meth:`Format.renderer`) turning our generation — text deltas, then one
-  :class:`~skulk.worker.Generation` — back into that format's stream events or whole response.
+  ``GenerationEnd`` — back into that format's stream events or whole response.
 
 The driver in :mod:`skulk.api._stream` knows nothing of any format: it commits a stream once the
 first item is here, asks the renderer for events, and ends a failed stream with the renderer's
@@ -23,8 +23,7 @@ from typing import Protocol
 import attrs
 
 from skulk.api._openai_errors import ApiError
-from skulk.wire.runner import Prompt, SamplingParams
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd, Prompt, SamplingParams
 
 
 @attrs.frozen
@@ -50,11 +49,11 @@ class Renderer(Protocol):
 
     def delta(self, text: str) -> list[Event]: ...
 
-    def closing(self, end: Generation) -> list[Event]: ...
+    def closing(self, end: GenerationEnd) -> list[Event]: ...
 
     def failure(self, err: ApiError) -> list[Event]: ...
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         """The whole (non-streamed) response body."""
         ...
 

@@ -64,8 +64,14 @@ from skulk.api._openai_parse import (
 from skulk.api._request import Event, GenerateRequest
 from skulk.api._schema import Schema, honoured, no_op, obj, ref, typed
 from skulk.api._structured import TEXT_FORMAT_SCHEMA, responses_text_format
-from skulk.wire.runner import MAX_TOP_LOGPROBS, ChatMessage, ChatPrompt, SamplingParams
-from skulk.worker import Generation, join_scored
+from skulk.wire.runner import (
+    MAX_TOP_LOGPROBS,
+    ChatMessage,
+    ChatPrompt,
+    GenerationEnd,
+    SamplingParams,
+)
+from skulk.worker import join_scored
 
 #: The one ``include`` value we honour: log-probabilities with the output text.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -385,7 +391,7 @@ class ResponsesFormat:
         return ResponsesRenderer(self, model, _new_id("resp"), _new_id("msg"), time.time())
 
 
-def _usage(end: Generation) -> dict[str, object]:
+def _usage(end: GenerationEnd) -> dict[str, object]:
     u = end.usage
     return {
         "input_tokens": u.prompt_tokens,
@@ -419,7 +425,7 @@ class ResponsesRenderer:
         self,
         status: str,
         output: list[dict[str, object]],
-        end: Generation | None = None,
+        end: GenerationEnd | None = None,
         error: ApiError | None = None,
     ) -> dict[str, object]:
         """The ``response`` object in its ``status`` (``in_progress``, ``completed``,
@@ -485,7 +491,7 @@ class ResponsesRenderer:
         return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
 
     @staticmethod
-    def _status(end: Generation) -> str:
+    def _status(end: GenerationEnd) -> str:
         return "incomplete" if end.finish_reason == "length" else "completed"
 
     def opening(self) -> list[Event]:
@@ -506,7 +512,7 @@ class ResponsesRenderer:
         )
         return [delta]
 
-    def closing(self, end: Generation) -> list[Event]:
+    def closing(self, end: GenerationEnd) -> list[Event]:
         text = join_scored(self._text)
         status = self._status(end)
         item = self._item(status, [self._part(text)])
@@ -529,6 +535,6 @@ class ResponsesRenderer:
             self._event("response.failed", response=self.response("failed", [item], error=err)),
         ]
 
-    def whole(self, text: str, end: Generation) -> dict[str, object]:
+    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
         status = self._status(end)
         return self.response(status, [self._item(status, [self._part(text)])], end)

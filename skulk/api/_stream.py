@@ -1,7 +1,7 @@
 """Driving one generation to the client, in whichever format the request speaks.
 
 Format-neutral: a request's :class:`~skulk.api._request.Format` makes the renderer that turns
-our items (text deltas, then one :class:`~skulk.worker.Generation`) into its events or its
+our items (text deltas, then one ``GenerationEnd``) into its events or its
 whole response; this module decides *when*. A streamed request is committed only once its first
 item has arrived (:func:`open_stream`): whatever fails before that — model not ready, prompt too
 long, any runner failure — is a plain error response (or one WebSocket error message), never a
@@ -23,7 +23,8 @@ from skulk.api._openai_errors import ApiError
 from skulk.api._openai_format import sse_event
 from skulk.api._request import Event, GenerateRequest, Renderer
 from skulk.routing import ModelNotPlaced, NoReadyInstance, Overloaded, RemoteUnavailable
-from skulk.worker import Generation, ModelUnavailable, RequestFailure, join_scored, logprobs_of
+from skulk.wire.runner import GenerationEnd
+from skulk.worker import ModelUnavailable, RequestFailure, join_scored, logprobs_of
 
 log = logging.getLogger("skulk.api")
 
@@ -39,8 +40,8 @@ _DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
 #: The node serving the request was lost (link down, node dead): 502, a bad upstream.
 _LOST_REASONS = {"node_unreachable", "route_refused"}
 
-Items = AsyncGenerator[str | Generation, None]
-"""One request's generation: text deltas, then one :class:`Generation`."""
+Items = AsyncGenerator[str | GenerationEnd, None]
+"""One request's generation: text deltas, then one :class:`GenerationEnd`."""
 ROUTING_ERRORS = (ModelNotPlaced, NoReadyInstance, Overloaded, RemoteUnavailable)
 #: Everything serving a request may raise that the client sees as a typed error.
 SERVING_ERRORS = (ModelUnavailable, RequestFailure, *ROUTING_ERRORS)
@@ -128,11 +129,11 @@ class OpenedStream:
     :func:`~skulk.api._guard.close_with_request` so it runs whatever becomes of the response.
     """
 
-    def __init__(self, request: Request, items: Items, first: str | Generation) -> None:
+    def __init__(self, request: Request, items: Items, first: str | GenerationEnd) -> None:
         self.request = request
         self._renderer: Renderer = request.format.renderer(request.model)
         self._items = items
-        self._first: str | Generation | None = first
+        self._first: str | GenerationEnd | None = first
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """The format's events: the opening ones, the first item's, then the rest, ending with
@@ -146,12 +147,12 @@ class OpenedStream:
         try:
             for event in self._emit(first):
                 yield event
-            if isinstance(first, Generation):
+            if isinstance(first, GenerationEnd):
                 return
             async for item in self._items:
                 for event in self._emit(item):
                     yield event
-                if isinstance(item, Generation):
+                if isinstance(item, GenerationEnd):
                     return
         except SERVING_ERRORS as exc:
             raise serving_error(exc, self.request) from exc
@@ -162,8 +163,8 @@ class OpenedStream:
         end of stream)."""
         return self._renderer.failure(err)
 
-    def _emit(self, item: str | Generation) -> list[Event]:
-        if isinstance(item, Generation):
+    def _emit(self, item: str | GenerationEnd) -> list[Event]:
+        if isinstance(item, GenerationEnd):
             return self._renderer.closing(item)
         # an empty delta is dropped, unless it carries log-probabilities (tokens whose text
         # is held back or cut by a stop string)
@@ -234,7 +235,7 @@ async def sse_body(opened: Opened) -> AsyncGenerator[bytes, None]:
         await opened.aclose()
 
 
-async def run_to_end(items: Items, request: Request) -> tuple[str, Generation]:
+async def run_to_end(items: Items, request: Request) -> tuple[str, GenerationEnd]:
     """Run a non-streamed generation (``items``, not started yet) to its end: the whole text
     (a :class:`~skulk.worker.ScoredText` when the deltas carried log-probabilities) and how it
     ended. Raises :class:`ApiError`."""
@@ -242,7 +243,7 @@ async def run_to_end(items: Items, request: Request) -> tuple[str, Generation]:
     try:
         async with aclosing(items):
             async for item in items:
-                if isinstance(item, Generation):
+                if isinstance(item, GenerationEnd):
                     return join_scored(parts), item
                 parts.append(item)
     except SERVING_ERRORS as exc:

@@ -15,8 +15,8 @@ here.
   model's tool-call markers when its tokenizer has them.
 * **Reading the calls** (:func:`answer_calls`, the one place that decides, for every format)
   once the whole text is in: an answer cut short (``length``) has none; else the calls the
-  runner read with the model's own mlx-lm tool parser (``Finished.tool_calls``, carried on
-  :class:`~skulk.worker.Generation`; any family mlx-lm knows — ``json_tools``, ``pythonic``,
+  runner read with the model's own mlx-lm tool parser (``tool_calls`` of its
+  :class:`~skulk.wire.runner.GenerationEnd`; any family mlx-lm knows — ``json_tools``, ``pythonic``,
   ``mistral``, ``gemma4``, ``kimi_k2``, ``qwen3_coder``, …; see
   :mod:`skulk.engine._tool_parse`) when it read any; else our own parse of the text
   (:func:`parse_calls`): ``<tool_call>…</tool_call>`` blocks holding JSON (the Hermes/Qwen
@@ -42,8 +42,7 @@ import attrs
 from skulk.api._openai_errors import ApiError
 from skulk.api._structured import CHECK_HERE_BYTES, refused
 from skulk.grammar import SchemaRefused, check_schema, schema_text, tool_call_schema
-from skulk.wire.runner import SamplingParams
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd, SamplingParams
 
 #: No tools offered or ``none``: plain text; ``auto``: the model may call; ``required``: it must
 #: call one of them; a tool's name: it must call that one.
@@ -164,7 +163,9 @@ def forced_params(
     return attrs.evolve(params, json_schema=text, tool_call=True)
 
 
-def answer_calls(text: str, end: Generation, *, id_prefix: str = "call_") -> tuple[str, list[Call]]:
+def answer_calls(
+    text: str, end: GenerationEnd, *, id_prefix: str = "call_"
+) -> tuple[str, list[Call]]:
     """The text left and the calls of a whole answer ``text`` that ended as ``end`` (see the
     module docstring); a call without the model's own id gets a fresh one in ``id_prefix``."""
     if end.finish_reason != "stop":

@@ -29,7 +29,13 @@ from skulk.bench._distributed_setup import (
     Settings,
 )
 from skulk.runner import Runner, loopback_hosts, open_local_group, shard_specs
-from skulk.wire.runner import Finished, RequestFailed, SamplingParams, TokenChunk
+from skulk.wire.runner import (
+    Finished,
+    GenerationEnd,
+    RequestFailed,
+    SamplingParams,
+    TokenChunk,
+)
 
 
 @attrs.frozen
@@ -179,14 +185,14 @@ async def _generate(runner: Runner, rid: str, max_tokens: int) -> _Timed:
     start = time.perf_counter()
     first = finished = 0.0
     tokens = 0
-    end: Finished | None = None
+    end: GenerationEnd | None = None
     async with runner.open_request(rid, PROMPT, params) as events:
         async for event in events:
             if isinstance(event, TokenChunk) and event.token_ids:
                 first = first or time.perf_counter()
                 tokens += len(event.token_ids)
             elif isinstance(event, Finished):
-                end, finished = event, time.perf_counter()
+                end, finished = event.end, time.perf_counter()
             elif isinstance(event, RequestFailed):
                 raise BenchmarkFailed(f"request failed: {event.reason}: {event.message}")
     if end is None:

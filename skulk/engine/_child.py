@@ -72,6 +72,7 @@ from skulk.wire.runner import (
     Finished,
     FinishReason,
     Generate,
+    GenerationEnd,
     Hello,
     Load,
     Loaded,
@@ -422,28 +423,31 @@ class _Requests:
         for job in self.embeds:
             if job.request_id == request_id:
                 self.embeds.remove(job)
-                self._link.send(Finished(request_id, "cancelled", Usage(job.prompt_tokens, 0)))
+                end = GenerationEnd("cancelled", Usage(job.prompt_tokens, 0))
+                self._link.send(Finished(request_id, end))
                 return
         for batch in self.batches:
             for row in batch.rows:
                 if row.request_id == request_id:
                     self._leave(batch, row)
-                    self._link.send(Finished(request_id, "cancelled", row.usage()))
+                    self._link.send(Finished(request_id, GenerationEnd("cancelled", row.usage())))
                     return
         for prefill in self.prefills:
             if prefill.row.request_id == request_id:
                 self.prefills.remove(prefill)
                 self._release(prefill.row)
-                self._link.send(Finished(request_id, "cancelled", prefill.row.usage()))
+                end = GenerationEnd("cancelled", prefill.row.usage())
+                self._link.send(Finished(request_id, end))
                 return
         for queued in self.queued:
             if queued[0].request_id == request_id:
                 self.queued.remove(queued)
-                self._link.send(Finished(request_id, "cancelled", queued[0].usage()))
+                end = GenerationEnd("cancelled", queued[0].usage())
+                self._link.send(Finished(request_id, end))
                 return
         # Waiting (its tokens are dropped when they come) or unknown: acknowledge all the same.
         self.waiting.pop(request_id, None)
-        self._link.send(Finished(request_id, "cancelled", Usage(0, 0)))
+        self._link.send(Finished(request_id, GenerationEnd("cancelled", Usage(0, 0))))
 
     def _fail(self, request_id: str, reason: str, message: str) -> None:
         self._link.send(RequestFailed(request_id, reason, shorten(message)))
@@ -452,8 +456,8 @@ class _Requests:
 def finished(row: Row, reason: FinishReason) -> Finished:
     """The ``Finished`` that ends ``row``, with the tool calls its model's parser read from
     its text when it offered tools (:mod:`skulk.engine._tool_parse`)."""
-    frame = Finished(row.request_id, reason, row.usage(), row.out.stop_sequence)
-    return frame if row.tool_text is None else row.tool_text.finish(frame)
+    end = GenerationEnd(reason, row.usage(), row.out.stop_sequence)
+    return Finished(row.request_id, end if row.tool_text is None else row.tool_text.finish(end))
 
 
 def _die_with_parent(parent_pid: int) -> None:

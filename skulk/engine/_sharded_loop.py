@@ -95,6 +95,7 @@ from skulk.wire.runner import (
     Finished,
     FinishReason,
     Generate,
+    GenerationEnd,
     Load,
     RequestFailed,
     RunnerFailed,
@@ -335,7 +336,8 @@ class Lockstep:
                         RequestFailed(frame.request_id, "not_rank_zero", "only rank 0 serves")
                     )
                 elif isinstance(frame, Cancel):
-                    self._link.send(Finished(frame.request_id, "cancelled", Usage(0, 0)))
+                    end = GenerationEnd("cancelled", Usage(0, 0))
+                    self._link.send(Finished(frame.request_id, end))
                 else:
                     log.error("runner: unexpected frame %r", frame)
                     return 3
@@ -643,11 +645,12 @@ class _Leader:
             else:
                 self._queue.remove(req)
             usage = Usage(req.out.prompt_tokens, req.out.completion_tokens)
-            self._link.send(Finished(rid, "cancelled", usage if slot is not None else Usage(0, 0)))
+            end = GenerationEnd("cancelled", usage if slot is not None else Usage(0, 0))
+            self._link.send(Finished(rid, end))
             return
         # Being tokenized (its tokens are dropped when they come) or unknown: acknowledge.
         self.waiting.pop(rid, None)
-        self._link.send(Finished(rid, "cancelled", Usage(0, 0)))
+        self._link.send(Finished(rid, GenerationEnd("cancelled", Usage(0, 0))))
 
     def _find(self, rid: str) -> tuple[int | None, _Request] | None:
         for slot, req in self._open.items():
@@ -675,7 +678,8 @@ class _Leader:
             self._warmed_due = self._warming == 0
             return
         usage = Usage(req.out.prompt_tokens, req.out.completion_tokens)
-        self._link.send(Finished(req.request_id, reason, usage, req.out.stop_sequence))
+        end = GenerationEnd(reason, usage, req.out.stop_sequence)
+        self._link.send(Finished(req.request_id, end))
 
     def _fail(self, rid: str, reason: str, message: str) -> None:
         self._link.send(RequestFailed(rid, reason, shorten(message)))

@@ -6,7 +6,7 @@ inferred from the chat template or the vocabulary: ``json_tools``, ``pythonic``,
 :class:`~mlx_lm.tokenizer_utils.TokenizerWrapper` as ``tool_parser`` with its
 ``tool_call_start`` / ``tool_call_end`` markers. Only the runner holds the tokenizer, so the
 runner reads the calls — the API cannot know each family's syntax — and reports them on
-:class:`~skulk.wire.runner.Finished` (``tool_calls`` and ``content``, the text without the
+:class:`~skulk.wire.runner.GenerationEnd` (``tool_calls`` and ``content``, the text without the
 call blocks). The API still decides what a format shows (:mod:`skulk.api._tool_calls`): the
 runner's calls when there are any, else its own parse of the text.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from skulk.wire.runner import ChatPrompt, Finished, Prompt, ToolCall
+from skulk.wire.runner import ChatPrompt, GenerationEnd, Prompt, ToolCall
 
 log = logging.getLogger("skulk.engine")
 
@@ -69,17 +69,17 @@ class ToolText:
         if text:
             self.pieces.append(text)
 
-    def finish(self, frame: Finished) -> Finished:
-        """``frame`` with the calls read from the collected text (unchanged without any)."""
-        if frame.finish_reason != "stop":
-            return frame
+    def finish(self, end: GenerationEnd) -> GenerationEnd:
+        """``end`` with the calls read from the collected text (unchanged without any)."""
+        if end.finish_reason != "stop":
+            return end
         parsed = parse_tool_text(
             "".join(self.pieces), self.parser, self.start, self.end, self.tools
         )
         if parsed is None:
-            return frame
+            return end
         content, calls = parsed
-        return attrs.evolve(frame, tool_calls=calls, content=content)
+        return attrs.evolve(end, tool_calls=calls, content=content)
 
 
 def parse_tool_text(

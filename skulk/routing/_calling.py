@@ -42,8 +42,8 @@ from skulk.wire.routing import (
     RouteRequest,
     RouteTokenize,
 )
-from skulk.wire.runner import EmbedInput, Prompt, SamplingParams
-from skulk.worker import Embedding, Generation, RequestFailure, ScoredText
+from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, SamplingParams
+from skulk.worker import Embedding, RequestFailure, ScoredText
 
 from ._errors import RETRY_AFTER, NodeUnreachable, Overloaded, RemoteUnavailable
 from ._hop import (
@@ -80,7 +80,7 @@ class RouteCaller:
 
     async def generate(
         self, node: str, instance: str, prompt: Prompt, params: SamplingParams
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         request_id = uuid.uuid4().hex
         try:
             body = REQUEST_CODEC.encode(RouteRequest(request_id, instance, prompt, params))
@@ -98,14 +98,8 @@ class RouteCaller:
                         yield ScoredText(text, logprobs) if logprobs else text
                     case RouteKeepalive():
                         pass
-                    case RouteEnd() as end:
-                        yield Generation(
-                            end.finish_reason,
-                            end.usage,
-                            end.stop_sequence,
-                            end.tool_calls,
-                            end.content,
-                        )
+                    case RouteEnd(end=end):
+                        yield end
                         return
                     case RouteFailed(reason=reason, message=message):
                         raise RequestFailure(reason, message)

@@ -6,7 +6,7 @@ API node A, for an instance whose rank 0 runs on node B (both sides are :class:`
                    ◀──────── "admitted" / RpcFailed ─────     ready, admit (or refuse, typed)
     A: handle_stream() ◀── data stream: RouteHeader, RouteDelta… (RouteKeepalive while
                            silent), then RouteEnd | RouteFailed | RouteNotReady ── B
-    A: generate() yields the deltas, then the Generation
+    A: generate() yields the deltas, then the GenerationEnd
 
 Never through the leader, never in the log. The caller is the rpc's authenticated peer
 (:func:`~skulk.federation.rpc_peer`): B streams the answer back on its link to that node, so a
@@ -44,8 +44,8 @@ import attrs
 import trio
 
 from skulk.federation import DataReceiver, Mesh
-from skulk.wire.runner import EmbedInput, Prompt, SamplingParams
-from skulk.worker import Embedding, Generation, ModelService
+from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, SamplingParams
+from skulk.worker import Embedding, ModelService
 
 from ._admission import Admission
 from ._calling import RouteCaller
@@ -133,9 +133,9 @@ class RemoteRouting:
 
     def generate(
         self, node: str, instance: str, prompt: Prompt, params: SamplingParams
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         """Serve one request on ``instance``, whose rank 0 runs on ``node``: yield text
-        deltas, then one :class:`~skulk.worker.Generation` (as ``ModelService.generate``).
+        deltas, then one :class:`~skulk.wire.runner.GenerationEnd` (as ``ModelService.generate``).
 
         Raises before any output :class:`~skulk.routing.Overloaded`,
         :class:`~skulk.routing.RemoteUnavailable` or ``RequestFailure`` (``invalid_request``:

@@ -24,8 +24,8 @@ import attrs
 
 from skulk.cluster import Instance, State
 from skulk.wire.cluster import ModelCard
-from skulk.wire.runner import EmbedInput, Prompt, SamplingParams
-from skulk.worker import Embedding, Generation, ModelService
+from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, SamplingParams
+from skulk.worker import Embedding, ModelService
 
 from ._admission import Admission
 from ._remote import RemoteRouting
@@ -163,8 +163,8 @@ class Router:
 
     async def generate(
         self, route: Route, prompt: Prompt, params: SamplingParams
-    ) -> AsyncGenerator[str | Generation, None]:
-        """Serve one request on ``route``: text deltas, then one :class:`Generation`."""
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
+        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`."""
         self._in_flight[route.instance] += 1
         try:
             if route.local:

@@ -44,7 +44,8 @@ from skulk.wire.routing import (
     RouteRequest,
     RouteTokenize,
 )
-from skulk.worker import Generation, ModelService, ModelUnavailable, RequestFailure, logprobs_of
+from skulk.wire.runner import GenerationEnd
+from skulk.worker import ModelService, ModelUnavailable, RequestFailure, logprobs_of
 
 from ._admission import Admission
 from ._errors import Overloaded
@@ -248,14 +249,8 @@ class RouteServer:
                 service.generate(request.prompt, request.params)
             ) as items:
                 async for item in items:
-                    if isinstance(item, Generation):
-                        return RouteEnd(
-                            item.finish_reason,
-                            item.usage,
-                            item.stop_sequence,
-                            item.tool_calls,
-                            item.content,
-                        )
+                    if isinstance(item, GenerationEnd):
+                        return RouteEnd(item)
                     for piece in _pieces(item):
                         await out.send(piece)
             return RouteFailed("runner_stopped", "the generation ended without a result")

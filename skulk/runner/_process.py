@@ -527,7 +527,7 @@ class Runner:
 
     def _deliver(self, frame: RequestEvent) -> None:
         rid = frame.request_id
-        if isinstance(frame, Finished) and frame.finish_reason == "cancelled":
+        if isinstance(frame, Finished) and frame.end.finish_reason == "cancelled":
             # The runner answers every Cancel with exactly one Finished(cancelled): the end of
             # the request, or a bare acknowledgement when the request had already ended (it
             # finished or failed while the Cancel was on its way). Only that answer clears the
@@ -543,9 +543,9 @@ class Runner:
         else:
             del self._inflight[rid]
             if isinstance(frame, Finished):
-                if frame.finish_reason == "cancelled":
+                if frame.end.finish_reason == "cancelled":
                     self._cancelled += 1
-                detail = f"{frame.finish_reason}, {frame.usage.completion_tokens} tokens"
+                detail = f"{frame.end.finish_reason}, {frame.end.usage.completion_tokens} tokens"
                 self.recorder.record("request.finish", detail, rid)
             elif isinstance(frame, RequestFailed):
                 self.recorder.record("request.fail", f"{frame.reason}: {frame.message}", rid)

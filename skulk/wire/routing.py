@@ -62,15 +62,10 @@ class RouteKeepalive:
 
 @attrs.frozen
 class RouteEnd:
-    """The generation finished: the end of the stream. ``stop_sequence``: the stop string
-    that ended it, if one did; ``tool_calls`` and ``content``: the runner's parse of the
-    answer's tool calls (see :class:`~skulk.wire.runner.Finished`)."""
+    """The generation finished as ``end`` says (the runner's record, as is): the end of the
+    stream."""
 
-    finish_reason: _runner.FinishReason
-    usage: _runner.Usage
-    stop_sequence: str | None = None
-    tool_calls: tuple[_runner.ToolCall, ...] = ()
-    content: str | None = None
+    end: _runner.GenerationEnd
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ After that the parent sends ``Generate`` frames (several may be active at once, 
 ``request_id``); each active request ends with exactly one ``Finished`` or ``RequestFailed``.
 ``Tokenize`` and ``Embed`` are requests too (same ids, same ``Cancel`` rule) whose one answer
 is ``Tokenized`` / ``Embedded`` instead of ``Finished`` (or ``RequestFailed``).
-Every ``Cancel`` is answered with exactly one ``Finished`` with ``finish_reason="cancelled"``: the
+Every ``Cancel`` is answered with exactly one ``Finished`` ending ``"cancelled"``: the
 end of an active request, or, for an id the runner does not know (the request ended while the
 Cancel was on its way), an acknowledgement with zero usage; the parent clears its cancel
 deadline on that answer only. ``Shutdown`` asks the runner to exit cleanly. The runner sends
@@ -39,7 +39,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -288,19 +288,32 @@ class TokenChunk:
 
 
 @attrs.frozen
-class Finished:
-    """A request ended; ``stop_sequence``: the stop string that ended it, when one did
-    (``finish_reason`` is then ``stop``). ``tool_calls``: the calls the model's own mlx-lm
-    tool parser read from the answer of a request that offered tools (an ``id`` empty when the
-    model gave none), with ``content`` the text without the call blocks; none (and ``content``
-    ``None``) when nothing was read — see :mod:`skulk.engine._tool_parse`."""
+class GenerationEnd:
+    """How a generation ended: the one end-of-generation record, made by the runner and
+    carried as is to the API (in :class:`Finished`, then
+    :class:`~skulk.wire.routing.RouteEnd` across nodes, then out of
+    ``skulk.worker.ModelService.generate``). The text itself went out before it, in deltas
+    (with their log-probabilities, when asked for); this says how it ended.
 
-    request_id: str
+    ``stop_sequence``: the stop string that ended it, when one did (``finish_reason`` is then
+    ``stop``). ``tool_calls``: the calls the model's own mlx-lm tool parser read from the
+    answer of a request that offered tools (an ``id`` empty when the model gave none), with
+    ``content`` the text without the call blocks; none (and ``content`` ``None``) when nothing
+    was read — see :mod:`skulk.engine._tool_parse`."""
+
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     content: str | None = None
+
+
+@attrs.frozen
+class Finished:
+    """Request ``request_id`` ended, as ``end`` says."""
+
+    request_id: str
+    end: GenerationEnd
 
 
 @attrs.frozen

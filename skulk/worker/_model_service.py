@@ -7,8 +7,8 @@ or tensor instance (``shard``) is different: once its weights are here it waits 
 rank's are (``group_ready``), and it is never relaunched alone — one rank cannot rejoin a
 compute group whose other ranks are gone — so its failure is final for this instance and the
 leader re-places the whole instance. :meth:`ModelService.generate` is what the API calls: it
-yields text deltas and ends with a :class:`Generation` summary, or raises a typed
-:class:`RequestFailure` — it never waits on a runner that is gone.
+yields text deltas and ends with the runner's :class:`~skulk.wire.runner.GenerationEnd`, or
+raises a typed :class:`RequestFailure` — it never waits on a runner that is gone.
 """
 
 from __future__ import annotations
@@ -32,15 +32,13 @@ from skulk.wire.runner import (
     Embed,
     Embedded,
     EmbedInput,
-    FinishReason,
+    GenerationEnd,
     Prompt,
     RequestFailed,
     SamplingParams,
     ShardSpec,
     Tokenize,
     Tokenized,
-    ToolCall,
-    Usage,
 )
 from skulk.worker._coalesce import coalesce
 
@@ -84,19 +82,6 @@ class ModelStatus:
     @property
     def ready(self) -> bool:
         return self.state == "ready"
-
-
-@attrs.frozen
-class Generation:
-    """How a finished generation ended; ``stop_sequence``: the stop string that ended it;
-    ``tool_calls`` and ``content``: the runner's parse of its tool calls
-    (:class:`~skulk.wire.runner.Finished`)."""
-
-    finish_reason: FinishReason
-    usage: Usage
-    stop_sequence: str | None = None
-    tool_calls: tuple[ToolCall, ...] = ()
-    content: str | None = None
 
 
 @attrs.frozen
@@ -297,9 +282,10 @@ class ModelService:
 
     async def generate(
         self, prompt: Prompt, params: SamplingParams
-    ) -> AsyncGenerator[str | Generation, None]:
-        """Yield text deltas, then one :class:`Generation`. Raises :class:`ModelUnavailable`
-        before any output if no runner is ready, :class:`RequestFailure` if it fails."""
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
+        """Yield text deltas, then the runner's :class:`~skulk.wire.runner.GenerationEnd`.
+        Raises :class:`ModelUnavailable` before any output if no runner is ready,
+        :class:`RequestFailure` if it fails."""
         runner = self._runner
         if runner is None or not self._status.ready:
             raise ModelUnavailable(self._status)
@@ -314,16 +300,10 @@ class ModelService:
                         yield delta
                     elif isinstance(delta, RequestFailed):
                         raise RequestFailure(delta.reason, delta.message)
-                    elif delta.finish_reason == "cancelled":  # cancelled by someone else
+                    elif delta.end.finish_reason == "cancelled":  # cancelled by someone else
                         raise RequestFailure("cancelled", "the request was cancelled")
                     else:
-                        yield Generation(
-                            delta.finish_reason,
-                            delta.usage,
-                            delta.stop_sequence,
-                            delta.tool_calls,
-                            delta.content,
-                        )
+                        yield delta.end
                         return
         except RunnerError as exc:
             raise RequestFailure(exc.reason, exc.message) from exc
@@ -339,7 +319,7 @@ class ModelService:
         if self.shard is not None:  # no Tokenize on a sharded instance: generate one token
             async with aclosing(self.generate(prompt, COUNT_BY_GENERATING)) as items:
                 async for item in items:
-                    if isinstance(item, Generation):
+                    if isinstance(item, GenerationEnd):
                         return item.usage.prompt_tokens
             raise RequestFailure("runner_stopped", "the count ended without a result")
         answer = await self._ask(Tokenize(uuid.uuid4().hex, prompt))

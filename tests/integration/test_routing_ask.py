@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from skulk.routing import Admission, Overloaded, RemoteUnavailable
-from skulk.wire.runner import EmbedInput, Prompt, TextPrompt, TokenIds, Usage
-from skulk.worker import Embedding, Generation, ModelUnavailable, RequestFailure
+from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, TextPrompt, TokenIds, Usage
+from skulk.worker import Embedding, ModelUnavailable, RequestFailure
 
 from .test_routing_remote import FakeService, pair
 
@@ -86,9 +86,9 @@ async def test_the_serving_nodes_admission_bound_applies() -> None:
 class StoppingService(FakeService):
     async def generate(
         self, prompt: object, params: object
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         yield "Hello"
-        yield Generation("stop", Usage(1, 1), stop_sequence="END")
+        yield GenerationEnd("stop", Usage(1, 1), stop_sequence="END")
 
 
 async def test_the_stop_sequence_crosses_the_hop() -> None:
@@ -96,4 +96,4 @@ async def test_the_stop_sequence_crosses_the_hop() -> None:
         p.services["i1"] = StoppingService()
         async with aclosing(p.generate()) as items:
             got = [item async for item in items]
-        assert got == ["Hello", Generation("stop", Usage(1, 1), stop_sequence="END")]
+        assert got == ["Hello", GenerationEnd("stop", Usage(1, 1), stop_sequence="END")]

@@ -32,10 +32,8 @@ from skulk.routing import (
 )
 from skulk.wire import Codec
 from skulk.wire.routing import RouteDelta, RouteHeader, RouteItem, RouteRequest
-from skulk.wire.runner import SamplingParams, TextPrompt, Usage
-from skulk.worker import Generation, ModelService, ModelStatus, ModelUnavailable, RequestFailure
-from tests._doubles import LINK_CONFIG as CONFIG
-from tests._doubles import SECRET
+from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
+from skulk.worker import ModelService, ModelStatus, ModelUnavailable, RequestFailure
 
 #: Long enough that none fires by accident on a loaded machine: a test that wants one to fire
 #: shortens it. ``idle`` especially: a lost link must be noticed without it.
@@ -49,7 +47,7 @@ REQUESTS: Codec[RouteRequest] = Codec(RouteRequest)
 
 class FakeService:
     """A ModelService stand-in: yields ``texts``, then ``hold`` (an event to wait for) if
-    set, then ``failure`` (raised) or a Generation; counts starts and finished generators."""
+    set, then ``failure`` (raised) or a GenerationEnd; counts starts and finished generators."""
 
     def __init__(self, texts: list[str] | None = None) -> None:
         self.state = "ready"
@@ -67,7 +65,7 @@ class FakeService:
 
     async def generate(
         self, prompt: object, params: object
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         self.started += 1
         try:
             if self.failure is not None and isinstance(self.failure, ModelUnavailable):
@@ -79,7 +77,7 @@ class FakeService:
                 await self.hold.wait()
             if self.failure is not None:
                 raise self.failure
-            yield Generation("stop", Usage(1, len(self.texts)))
+            yield GenerationEnd("stop", Usage(1, len(self.texts)))
         except (trio.Cancelled, GeneratorExit):
             self.aborted += 1
             raise
@@ -99,7 +97,7 @@ class Pair:
     stop_b_mesh: trio.CancelScope
     stop_b_routing: trio.CancelScope
 
-    def generate(self, instance: str = "i1") -> AsyncGenerator[str | Generation, None]:
+    def generate(self, instance: str = "i1") -> AsyncGenerator[str | GenerationEnd, None]:
         return self.at_a.generate("node-b", instance, PROMPT, PARAMS)
 
     def b_stream_to_a(self) -> DataSender:
@@ -172,7 +170,7 @@ async def _under(
         await run(task_status=task_status)
 
 
-async def collect(items: AsyncGenerator[str | Generation, None]) -> list[str | Generation]:
+async def collect(items: AsyncGenerator[str | GenerationEnd, None]) -> list[str | GenerationEnd]:
     async with aclosing(items):
         return [item async for item in items]
 
@@ -214,7 +212,7 @@ async def test_every_delta_and_the_end_arrive_in_order() -> None:
         *deltas, last = got
         assert all(isinstance(d, str) for d in deltas)
         assert "".join(cast(list[str], deltas)) == "".join(texts)
-        assert last == Generation("stop", Usage(1, 200))
+        assert last == GenerationEnd("stop", Usage(1, 200))
         assert p.services["i1"].closed == 1
         await until(lambda: no_leaks(p))
         assert p.at_b.statistics().served == 1
@@ -225,7 +223,7 @@ async def test_a_runner_failure_arrives_typed_after_the_deltas_before_it() -> No
     async with pair() as p:
         p.services["i1"].texts = ["partial"]
         p.services["i1"].failure = RequestFailure("runner_crashed", "the runner died")
-        got: list[str | Generation] = []
+        got: list[str | GenerationEnd] = []
         with trio.fail_after(WITHIN), pytest.raises(RequestFailure) as info:
             async with aclosing(p.generate()) as items:
                 async for item in items:
@@ -275,10 +273,10 @@ async def test_beyond_the_admission_bound_the_request_is_overloaded_with_retry_a
             assert service.started == 1  # refused before it reached the service
             service.hold.set()
             with trio.fail_after(WITHIN):
-                assert (await collect(first))[-1] == Generation("stop", Usage(1, 1))
+                assert (await collect(first))[-1] == GenerationEnd("stop", Usage(1, 1))
         await until(lambda: no_leaks(p))
         with trio.fail_after(WITHIN):  # the place was given back
-            assert (await collect(p.generate()))[-1] == Generation("stop", Usage(1, 1))
+            assert (await collect(p.generate()))[-1] == GenerationEnd("stop", Usage(1, 1))
         assert p.admission.statistics().refused == 1
 
 
@@ -362,7 +360,7 @@ async def test_keepalives_carry_a_long_silence_past_the_idle_deadline() -> None:
         p.services["i1"].pause = 1.5  # three idle deadlines without a delta
         with trio.fail_after(WITHIN):
             got = await collect(p.generate())
-        assert got[-1] == Generation("stop", Usage(1, 1))
+        assert got[-1] == GenerationEnd("stop", Usage(1, 1))
 
 
 async def test_a_stalled_receiver_is_given_up_after_the_send_deadline() -> None:

@@ -93,7 +93,7 @@ async def test_a_repeated_chat_prefix_is_reused_and_reported(
             nursery.cancel_scope.cancel()
     ends = [first[-1], again[-1], third[-1]]
     assert all(isinstance(e, Finished) for e in ends), ends
-    a, b, c = (e.usage for e in ends if isinstance(e, Finished))
+    a, b, c = (e.end.usage for e in ends if isinstance(e, Finished))
     assert tokens(first) == tokens(again)
     assert a.cached_tokens == 0
     if prefix_bytes == 0:

@@ -170,7 +170,7 @@ async def test_slow_but_alive_runner_is_not_wedged(model_dir: Path) -> None:
             async with runner.open_request("r", TextPrompt("hi"), params) as channel:
                 events = [e async for e in channel]
             assert isinstance(events[-1], Finished)
-            assert events[-1].usage.completion_tokens == 6
+            assert events[-1].end.usage.completion_tokens == 6
             nursery.cancel_scope.cancel()
     assert runner.failure is None
 
@@ -259,7 +259,7 @@ async def test_a_stalled_consumer_is_dropped_not_the_runner(
                 events = [e async for e in stalled]
             nursery.cancel_scope.cancel()
     assert isinstance(other_events[-1], Finished)
-    assert other_events[-1].usage.completion_tokens == 8
+    assert other_events[-1].end.usage.completion_tokens == 8
     assert len(events) == 9 and all(isinstance(e, TokenChunk) for e in events[:8])
     assert isinstance(events[-1], RequestFailed) and events[-1].reason == "client_too_slow"
     assert runner.failure is None  # the runner was never declared wedged

@@ -61,7 +61,7 @@ async def test_speculation_and_prefix_hits_reach_the_node(model_dir: Path) -> No
                 await finish(runner, rid, chat, SamplingParams(temperature=0, max_tokens=8))
                 for rid in ("a", "b")
             ]
-            hits = copied.prefix_hits + sum(1 for e in ends if e.usage.cached_tokens > 0)
+            hits = copied.prefix_hits + sum(1 for e in ends if e.end.usage.cached_tokens > 0)
             stats = await settled(runner, lambda s: s.prefix_hits == hits)
             nursery.cancel_scope.cancel()
     # A frame sent once the copy request left: its whole speculation is in the totals.
@@ -69,9 +69,9 @@ async def test_speculation_and_prefix_hits_reach_the_node(model_dir: Path) -> No
     assert copied.speculation_verify_steps > 0
     assert copied.acceptance_rate is not None and copied.acceptance_rate > 0
     # The repeated chat reused its first turn's KV state, and the node sees it.
-    assert ends[1].usage.cached_tokens == ends[1].usage.prompt_tokens - 1
+    assert ends[1].end.usage.cached_tokens == ends[1].end.usage.prompt_tokens - 1
     assert hits > copied.prefix_hits
-    reused = sum(e.usage.cached_tokens for e in ends)
+    reused = sum(e.end.usage.cached_tokens for e in ends)
     assert stats.prefix_reused_tokens - copied.prefix_reused_tokens == reused
     assert stats.prefix_entries >= 1 and stats.prefix_bytes > 0
     assert stats.kv_capacity_bytes > 0 and stats.kv_reserved_bytes == 0 and stats.queued == 0

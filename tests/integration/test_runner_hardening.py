@@ -35,6 +35,7 @@ from skulk.wire.runner import (
     Finished,
     FromRunner,
     Generate,
+    GenerationEnd,
     Heartbeat,
     Hello,
     Load,
@@ -100,10 +101,10 @@ class Stream:
 
     def check_finished(self) -> None:
         """It ran to its natural end: all its tokens, then Finished(length)."""
-        end = self.events[-1]
-        assert isinstance(end, Finished), end
-        assert end.finish_reason == "length"
-        assert end.usage.completion_tokens == self.params.max_tokens
+        last = self.events[-1]
+        assert isinstance(last, Finished), last
+        assert last.end.finish_reason == "length"
+        assert last.end.usage.completion_tokens == self.params.max_tokens
 
 
 async def refused(
@@ -315,14 +316,14 @@ def test_the_runner_answers_every_cancel(model_dir: Path, tmp_path: Path) -> Non
         child.start(model_dir)
         # An id it never saw (a Generate that never reached it): acknowledged, zero usage.
         child.send(Cancel("ghost"))
-        assert child.next() == Finished("ghost", "cancelled", Usage(0, 0))
+        assert child.next() == Finished("ghost", GenerationEnd("cancelled", Usage(0, 0)))
         # A request that ended before its Cancel arrived: the end, then the acknowledgement.
         child.send(Generate("done", TextPrompt("hi"), SamplingParams(temperature=0, max_tokens=1)))
-        while not isinstance(end := child.next(), (Finished, RequestFailed)):
+        while not isinstance(frame := child.next(), (Finished, RequestFailed)):
             pass
-        assert isinstance(end, Finished) and end.finish_reason == "length"
+        assert isinstance(frame, Finished) and frame.end.finish_reason == "length"
         child.send(Cancel("done"))
-        assert child.next() == Finished("done", "cancelled", Usage(0, 0))
+        assert child.next() == Finished("done", GenerationEnd("cancelled", Usage(0, 0)))
         # Cancelled while its prompt is tokenized: one answer, and nothing for it afterwards.
         child.send(Generate("early", TextPrompt(words(20_000)), SamplingParams(max_tokens=5)))
         child.send(Cancel("early"))
@@ -334,7 +335,7 @@ def test_the_runner_answers_every_cancel(model_dir: Path, tmp_path: Path) -> Non
             pass
         early = [f for f in child.seen if getattr(f, "request_id", None) == "early"]
         assert len(early) == 1 and isinstance(early[0], Finished)
-        assert early[0].finish_reason == "cancelled"
+        assert early[0].end.finish_reason == "cancelled"
         child.stop()
     finally:
         if child.proc.poll() is None:

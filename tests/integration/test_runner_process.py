@@ -71,7 +71,7 @@ async def test_real_runner_loads_generates_and_stops(model_dir: Path) -> None:
             prompt = ChatPrompt((ChatMessage("user", "hi"),))
             events = await collect(runner, "r1", prompt, SamplingParams(max_tokens=5, seed=1))
             assert isinstance(events[-1], Finished)
-            assert events[-1].usage.completion_tokens <= 5
+            assert events[-1].end.usage.completion_tokens <= 5
             assert all(isinstance(e, TokenChunk) for e in events[:-1])
             nursery.cancel_scope.cancel()
     assert runner.phase == "stopped"

@@ -1,5 +1,5 @@
 """A real runner process reads a forced call with the model's mlx-lm tool parser, and the
-worker's ``Generation`` carries it (:mod:`skulk.engine._tool_parse`)."""
+worker's ``GenerationEnd`` carries it (:mod:`skulk.engine._tool_parse`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import trio
 from skulk.grammar import schema_text, tool_call_schema
 from skulk.models import ensure_demo_model
 from skulk.runner import RunnerConfig
-from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams
-from skulk.worker import Generation, ModelService
+from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams
+from skulk.worker import ModelService
 from tests.unit.test_runner_tool_parse import TOOLS, with_parser
 
 
@@ -45,7 +45,7 @@ async def test_a_forced_call_comes_back_parsed_on_the_generation(model_dir: Path
         nursery.cancel_scope.cancel()
     text = "".join(i for i in items if isinstance(i, str))
     end = items[-1]
-    assert isinstance(end, Generation) and end.finish_reason == "stop"
+    assert isinstance(end, GenerationEnd) and end.finish_reason == "stop"
     assert text.startswith("<tool_call>")  # the markers are in the text the client would get
     (call,) = end.tool_calls
     assert call.name == "weather" and json.loads(call.arguments)["city"] in ("Oslo", "Bergen")

@@ -22,16 +22,16 @@ from skulk.api._anthropic import (
 )
 from skulk.api._openai_errors import ApiError
 from skulk.api._stream import sse_frame
-from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, Usage
-from skulk.worker import Generation, RequestFailure
+from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams, Usage
+from skulk.worker import RequestFailure
 from tests.unit.test_api_edge import MODEL, FakeService, app_for, call
 
 HTTPX = importlib.import_module(
     anthropic.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0]
 )
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
-STOP = Generation("stop", USAGE)
-LENGTH = Generation("length", USAGE)
+STOP = GenerationEnd("stop", USAGE)
+LENGTH = GenerationEnd("length", USAGE)
 USER: Any = [{"role": "user", "content": "hi"}]
 
 

@@ -26,8 +26,8 @@ from skulk.api._openai import ApiError, parse_chat_completions, parse_completion
 from skulk.api._openai_format import OpenAIChoicesRenderer, OpenAIFormat
 from skulk.api._openai_parse import INT64_MAX, INT64_MIN, MAX_CHOICES
 from skulk.routing import Admission
-from skulk.wire.runner import Prompt, SamplingParams, Usage
-from skulk.worker import Generation, RequestFailure
+from skulk.wire.runner import GenerationEnd, Prompt, SamplingParams, Usage
+from skulk.worker import RequestFailure
 
 from .test_api_edge import (
     MODEL,
@@ -44,8 +44,8 @@ SEED = 42
 SEEDS = [choice_seed(SEED, i) for i in range(4)]
 
 
-def end(reason: str = "stop", tokens: int = 2) -> Generation:
-    return Generation(reason, Usage(prompt_tokens=5, completion_tokens=tokens))  # type: ignore[arg-type]
+def end(reason: str = "stop", tokens: int = 2) -> GenerationEnd:
+    return GenerationEnd(reason, Usage(prompt_tokens=5, completion_tokens=tokens))  # type: ignore[arg-type]
 
 
 class ChoicesService(FakeService):
@@ -63,7 +63,7 @@ class ChoicesService(FakeService):
 
     async def generate(
         self, prompt: Prompt, params: SamplingParams
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         self.params.append(params)
         self.script = list(self.by_seed[params.seed])
         async for item in super().generate(prompt, params):

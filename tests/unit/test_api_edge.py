@@ -33,16 +33,17 @@ from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,
     Generate,
+    GenerationEnd,
     Prompt,
     SamplingParams,
     TextPrompt,
     Usage,
 )
-from skulk.worker import Generation, ModelStatus, ModelUnavailable, RequestFailure
+from skulk.worker import ModelStatus, ModelUnavailable, RequestFailure
 
 MODEL = "org/fake-model"
 USER = [{"role": "user", "content": "hi"}]
-DONE = Generation("stop", Usage(prompt_tokens=2, completion_tokens=2))
+DONE = GenerationEnd("stop", Usage(prompt_tokens=2, completion_tokens=2))
 
 #: The start of a valid chat body, for appending raw JSON fields.
 PRE = b'{"model": "org/fake-model", "messages": [{"role": "user", "content": "x"}], '
@@ -77,7 +78,7 @@ class FakeService:
 
     async def generate(
         self, prompt: Prompt, params: SamplingParams
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         TO_RUNNER.encode(Generate(request_id="r", prompt=prompt, params=params))
         self.started += 1
         text = prompt.text if isinstance(prompt, TextPrompt) else prompt.messages[-1].content
@@ -87,7 +88,7 @@ class FakeService:
                     raise step
                 if step is WAIT:
                     await trio.sleep_forever()
-                assert isinstance(step, str | Generation)
+                assert isinstance(step, str | GenerationEnd)
                 yield step
         finally:
             self.closed += 1

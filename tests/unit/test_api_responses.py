@@ -16,14 +16,14 @@ from skulk.api._openai_errors import ApiError
 from skulk.api._request import GenerateRequest
 from skulk.api._responses import ResponsesFormat, parse_responses
 from skulk.api._stream import sse_frame
-from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, Usage
-from skulk.worker import Generation, RequestFailure
+from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams, Usage
+from skulk.worker import RequestFailure
 from tests.unit.test_api_edge import MODEL, FakeService, app_for, call
 
 HTTPX = importlib.import_module(openai.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0])
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
-STOP = Generation("stop", USAGE)
-LENGTH = Generation("length", USAGE)
+STOP = GenerationEnd("stop", USAGE)
+LENGTH = GenerationEnd("length", USAGE)
 
 
 def body(**fields: object) -> dict[str, object]:
@@ -172,7 +172,7 @@ def request(**fields: object) -> GenerateRequest:
     return parse_responses(body(**fields))
 
 
-def stream_events(end: Generation) -> list[dict[str, Any]]:
+def stream_events(end: GenerationEnd) -> list[dict[str, Any]]:
     r = request(stream=True).format.renderer("m")
     events = [*r.opening(), *r.delta("Hel"), *r.delta("lo"), *r.closing(end)]
     for e in events:
@@ -244,7 +244,7 @@ def test_sse_frame_names_the_event() -> None:
 # ---- the official client reads what we render ------------------------------------------------
 
 
-def fake_server(end: Generation) -> Any:
+def fake_server(end: GenerationEnd) -> Any:
     def handle(http_request: Any) -> Any:
         try:
             req = parse_responses(json.loads(http_request.content))

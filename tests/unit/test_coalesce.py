@@ -4,10 +4,10 @@ import trio
 import trio.testing
 
 from skulk.runner import RequestEvent
-from skulk.wire.runner import Finished, RequestFailed, TokenChunk, Usage
+from skulk.wire.runner import Finished, GenerationEnd, RequestFailed, TokenChunk, Usage
 from skulk.worker._coalesce import coalesce
 
-END = Finished("r", "stop", Usage(prompt_tokens=1, completion_tokens=4))
+END = Finished("r", GenerationEnd("stop", Usage(prompt_tokens=1, completion_tokens=4)))
 
 
 def chunk(text: str) -> TokenChunk:

@@ -33,6 +33,7 @@ from skulk.wire.runner import (
     Embedded,
     Finished,
     FromRunner,
+    GenerationEnd,
     Load,
     RequestFailed,
     TextPrompt,
@@ -160,7 +161,7 @@ def test_an_embed_is_cancelled_like_any_request(models: dict[str, Engine]) -> No
     requests = _Requests(link, engine, Faults(), load)  # type: ignore[arg-type]
     requests.embeds.append(EmbedJob(engine, "e", [[1, 2]]))
     requests.cancel("e")
-    assert link.sent == [Finished("e", "cancelled", Usage(2, 0))]
+    assert link.sent == [Finished("e", GenerationEnd("cancelled", Usage(2, 0)))]
     assert not requests.busy
 
 
@@ -184,7 +185,7 @@ def test_frames_round_trip() -> None:
     for answer in (
         Embedded("a", ((0.5, -0.25), (1.0, 0.0)), 5),
         Tokenized("b", 7),
-        Finished("c", "stop", Usage(1, 2), stop_sequence="##"),
+        Finished("c", GenerationEnd("stop", Usage(1, 2), stop_sequence="##")),
     ):
         assert frm.decode(frm.encode(answer)) == answer
     ask: Codec[RouteAsk] = Codec(RouteAsk)
@@ -195,7 +196,7 @@ def test_frames_round_trip() -> None:
         ((1.0,),), 1
     )
     item: Codec[RouteEnd] = Codec(RouteEnd)
-    end = RouteEnd("stop", Usage(1, 1), "END")
+    end = RouteEnd(GenerationEnd("stop", Usage(1, 1), "END"))
     assert item.decode(item.encode(end)) == end
 
 

@@ -189,8 +189,8 @@ def test_cancel_inside_a_batch_ends_only_that_request(models: dict[str, Engine])
     loop.requests.cancel("b")
     loop.run([])
     ends = loop.ends()
-    assert isinstance(ends["b"], Finished) and ends["b"].finish_reason == "cancelled"
-    assert 0 < ends["b"].usage.completion_tokens < 20
+    assert isinstance(ends["b"], Finished) and ends["b"].end.finish_reason == "cancelled"
+    assert 0 < ends["b"].end.usage.completion_tokens < 20
     out = loop.tokens()
     assert out["a"] == alone(engine, a, params) and out["c"] == alone(engine, c, params)
     assert loop.requests.budget.used == 0
@@ -246,8 +246,8 @@ def test_budget_admits_what_fits_queues_fifo_and_refuses_beyond_the_queue(
     out = loop.tokens()
     for rid in ("r0", "r1", "r2", "r3"):
         assert out[rid] == alone(engine, prompts[rid], params), rid
-        end = loop.ends()[rid]
-        assert isinstance(end, Finished) and end.usage.completion_tokens == 20
+        done = loop.ends()[rid]
+        assert isinstance(done, Finished) and done.end.usage.completion_tokens == 20
     assert reqs.budget.used == 0
 
 
@@ -287,9 +287,9 @@ def test_a_chat_gives_the_same_tokens_with_the_prefix_cache(
         rid = f"turn{i}"
         got = cached.run([(0, rid, history, params)])[rid]
         assert got == alone(engine, history, params), i
-        end = cached.ends()[rid]
-        assert isinstance(end, Finished)
-        reused.append(end.usage.cached_tokens)
+        done = cached.ends()[rid]
+        assert isinstance(done, Finished)
+        reused.append(done.end.usage.cached_tokens)
         history += [*got, 7]  # the answer, then an end-of-turn token
     assert reused[0] == 0
     # every later turn reuses at least the whole previous prompt
@@ -300,8 +300,8 @@ def test_a_chat_gives_the_same_tokens_with_the_prefix_cache(
     other = [*system, *ids(rng, 9)]
     got = cached.run([(0, "other", other, params)])["other"]
     assert got == alone(engine, other, params)
-    end = cached.ends()["other"]
-    assert isinstance(end, Finished) and end.usage.cached_tokens == len(system)
+    done = cached.ends()["other"]
+    assert isinstance(done, Finished) and done.end.usage.cached_tokens == len(system)
 
 
 def test_the_prefix_cache_stays_within_its_bytes_and_evicts_the_oldest(
@@ -356,8 +356,8 @@ def test_speculation_gives_the_same_tokens_as_plain_decoding(
     assert stats.verify_steps > 0 and stats.drafted > 0, stats
     if params.temperature == 0:
         assert stats.accepted > 0, stats
-    end = spec.ends()["x"]
-    assert isinstance(end, Finished) and end.usage.completion_tokens == len(expected)
+    done = spec.ends()["x"]
+    assert isinstance(done, Finished) and done.end.usage.completion_tokens == len(expected)
     # a second request joining a speculating one (a verify pass in flight or not) leaves both
     # exact
     other = ids(rng, 9)
@@ -402,9 +402,9 @@ def test_cancel_reaches_a_request_in_prefill_and_one_waiting_for_the_budget(
     loop.run([])
     ends = loop.ends()
     for rid in ("long", "third"):
-        end = ends[rid]
-        assert isinstance(end, Finished) and end.finish_reason == "cancelled", rid
-        assert end.usage.completion_tokens == 0
+        done = ends[rid]
+        assert isinstance(done, Finished) and done.end.finish_reason == "cancelled", rid
+        assert done.end.usage.completion_tokens == 0
     assert loop.tokens()["short"] == alone(engine, short, params)
     assert reqs.budget.used == 0 and not reqs.busy
 

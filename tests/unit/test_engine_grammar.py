@@ -77,7 +77,7 @@ def test_a_constrained_row_beside_unconstrained_ones_gives_valid_json(
     for _, rid, tokens, params in others:  # the constraint changes no other row's tokens
         assert together[rid] == Loop(engine).run([(0, rid, tokens, params)])[rid], rid
     ends = loop.ends()
-    assert isinstance(ends["json"], Finished) and ends["json"].finish_reason == "stop"
+    assert isinstance(ends["json"], Finished) and ends["json"].end.finish_reason == "stop"
     jsonschema.validate(json.loads(loop.text("json")), PERSON)
     if seed is not None:  # a seeded constrained request is reproducible in a batch too
         assert together["json"] == alone.tokens()["json"]

@@ -12,11 +12,11 @@ from skulk.routing._hop import ITEM_CODEC, MAX_DELTA_CHARS, MAX_DELTA_LOGPROBS
 from skulk.routing._serving import _merge, _pieces
 from skulk.runner import RequestEvent
 from skulk.wire.routing import RouteDelta, RouteEnd, RouteItem
-from skulk.wire.runner import Finished, TokenChunk, TokenLogprob, TopLogprob, Usage
-from skulk.worker import Generation, ScoredText, join_scored, logprobs_of
+from skulk.wire.runner import Finished, GenerationEnd, TokenChunk, TokenLogprob, TopLogprob, Usage
+from skulk.worker import ScoredText, join_scored, logprobs_of
 from skulk.worker._coalesce import coalesce
 
-END = Finished("r", "stop", Usage(prompt_tokens=1, completion_tokens=3))
+END = Finished("r", GenerationEnd("stop", Usage(prompt_tokens=1, completion_tokens=3)))
 
 
 def entry(i: int, token: bytes = b"x") -> TokenLogprob:
@@ -97,7 +97,7 @@ def test_openai_completion_logprobs_count_offsets_across_chunks() -> None:
 
 def test_renderers_put_logprobs_on_chunks_and_whole_responses() -> None:
     text = ScoredText("x", [entry(1)])
-    end = Generation("stop", Usage(1, 1))
+    end = GenerationEnd("stop", Usage(1, 1))
     chat = OpenAIFormat("chat", include_usage=False, logprobs=True).renderer("m")
     (event,) = chat.delta(text)
     assert isinstance(event.data, dict)
@@ -116,11 +116,11 @@ async def test_a_remote_answer_keeps_its_entries(autojump_clock: trio.testing.Mo
 
     link = FakeLink()
     r = routing(link)
-    end = RouteEnd("stop", Usage(2, 2))
+    end = RouteEnd(GenerationEnd("stop", Usage(2, 2)))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer_with, r, link, RouteDelta("a", (entry(1),)), RouteDelta("b"), end)
         got = await collect(request(r))
-    assert got == ["a", "b", Generation("stop", Usage(2, 2))]
+    assert got == ["a", "b", GenerationEnd("stop", Usage(2, 2))]
     first = got[0]
     assert isinstance(first, ScoredText) and [e.token_id for e in first.logprobs] == [1]
     assert type(got[1]) is str

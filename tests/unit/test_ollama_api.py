@@ -21,8 +21,15 @@ from skulk.api._ollama import (
     parse_show,
 )
 from skulk.api._openai_errors import ApiError
-from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, TextPrompt, Usage
-from skulk.worker import Generation, ModelStatus, ModelUnavailable, RequestFailure
+from skulk.wire.runner import (
+    ChatMessage,
+    ChatPrompt,
+    GenerationEnd,
+    SamplingParams,
+    TextPrompt,
+    Usage,
+)
+from skulk.worker import ModelStatus, ModelUnavailable, RequestFailure
 from tests.unit.test_api_edge import DONE, MODEL, WAIT, FakeService, app_for, call
 
 USER = [{"role": "user", "content": "hi"}]
@@ -199,7 +206,7 @@ def test_tools_and_tool_turns_reach_the_prompt_and_calls_come_back() -> None:
     assert req.prompt.messages[2] == ChatMessage("tool", "sunny", tool_call_id="w")
     renderer = req.generate_request(Clock()).format.renderer(MODEL)
     assert renderer.delta('{"name": "w", "arguments": {"a": 2}}') == []
-    lines = [e.data for e in renderer.closing(Generation("stop", Usage(1, 2)))]
+    lines = [e.data for e in renderer.closing(GenerationEnd("stop", Usage(1, 2)))]
     call_line, last = lines
     assert isinstance(call_line, dict) and isinstance(last, dict)
     (call,) = call_line["message"]["tool_calls"]
@@ -317,7 +324,7 @@ async def test_a_stream_is_ndjson_ending_with_the_statistics(
 
 
 async def test_a_whole_answer_is_one_object(fake: FakeService) -> None:
-    fake.script = ["Hel", "lo", Generation("length", DONE.usage)]
+    fake.script = ["Hel", "lo", GenerationEnd("length", DONE.usage)]
     response = await post(fake, "/api/chat", {"model": MODEL, "messages": USER, "stream": False})
     assert response.status_code == 200 and response.mimetype == "application/json"
     body = json.loads(await response.get_data())

@@ -40,9 +40,9 @@ from skulk.wire.routing import (
     RouteKeepalive,
     RouteNotReady,
 )
-from skulk.wire.runner import SamplingParams, TextPrompt, Usage
-from skulk.worker import Generation, RequestFailure
-from tests._doubles import FakeLink, FakeReceiver
+from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
+from skulk.worker import RequestFailure
+from tests.unit._streams import FakeReceiver
 
 ITEMS: Codec[RouteItem] = Codec(RouteItem)
 TIMEOUTS = RouteTimeouts(admit=5.0, header=5.0, send=30.0, keepalive=2.0, idle=10.0)
@@ -64,7 +64,7 @@ def routing(link: FakeLink | None = None) -> RemoteRouting:
     return RemoteRouting(mesh, lambda instance: None, Admission(), timeouts=TIMEOUTS)
 
 
-def request(r: RemoteRouting, text: str = "hi") -> AsyncGenerator[str | Generation, None]:
+def request(r: RemoteRouting, text: str = "hi") -> AsyncGenerator[str | GenerationEnd, None]:
     return r.generate("node-b", "i1", TextPrompt(text), PARAMS)
 
 
@@ -83,7 +83,7 @@ async def answer_with(
     return receiver
 
 
-async def collect(items: AsyncGenerator[str | Generation, None]) -> list[str | Generation]:
+async def collect(items: AsyncGenerator[str | GenerationEnd, None]) -> list[str | GenerationEnd]:
     async with aclosing(items):
         return [item async for item in items]
 
@@ -91,13 +91,13 @@ async def collect(items: AsyncGenerator[str | Generation, None]) -> list[str | G
 async def test_an_answer_stream_is_read_to_its_end(autojump_clock: trio.testing.MockClock) -> None:
     link = FakeLink()
     r = routing(link)
-    end = RouteEnd("length", Usage(2, 3))
+    end = RouteEnd(GenerationEnd("length", Usage(2, 3)))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(
             answer_with, r, link, RouteDelta("a"), RouteKeepalive(), RouteDelta("b"), end
         )
         got = await collect(request(r))
-    assert got == ["a", "b", Generation("length", Usage(2, 3))]
+    assert got == ["a", "b", GenerationEnd("length", Usage(2, 3))]
     assert r.statistics().waiting == 0
 
 

@@ -10,13 +10,12 @@ import trio
 from skulk.routing._hop import MAX_DELTA_CHARS, RouteTimeouts
 from skulk.routing._serving import RouteServer, _merge
 from skulk.wire.routing import RouteDelta, RouteEnd, RouteItem, RouteRequest
-from skulk.wire.runner import SamplingParams, TextPrompt, Usage
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
 
 
 def test_deltas_waiting_together_are_merged_up_to_the_first_other_item() -> None:
     send, receive = trio.open_memory_channel[RouteItem](10)
-    end = RouteEnd("stop", Usage(1, 3))
+    end = RouteEnd(GenerationEnd("stop", Usage(1, 3)))
     for item in (RouteDelta("b"), RouteDelta("c"), end, RouteDelta("late")):
         send.send_nowait(item)
     assert _merge(RouteDelta("a"), receive) == (RouteDelta("abc"), end)
@@ -36,10 +35,10 @@ def test_a_merge_stops_before_the_size_limit() -> None:
 class OneLongDelta:
     async def generate(
         self, prompt: object, params: object
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         await trio.lowlevel.checkpoint()
         yield "é" * (2 * MAX_DELTA_CHARS + 5)
-        yield Generation("stop", Usage(1, 1))
+        yield GenerationEnd("stop", Usage(1, 1))
 
 
 async def test_a_long_delta_is_split_into_items_under_the_size_limit() -> None:
@@ -53,4 +52,4 @@ async def test_a_long_delta_is_split_into_items_under_the_size_limit() -> None:
         MAX_DELTA_CHARS,
         5,
     ]
-    assert items[-1] == RouteEnd("stop", Usage(1, 1))
+    assert items[-1] == RouteEnd(GenerationEnd("stop", Usage(1, 1)))

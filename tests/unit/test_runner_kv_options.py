@@ -11,7 +11,7 @@ from skulk.api._openai_format import usage_object
 from skulk.api._stream import failure_error_for
 from skulk.config import ServeConfig, add_serve_arguments, serve_config
 from skulk.engine.protocol import FROM_RUNNER, TO_RUNNER
-from skulk.wire.runner import Finished, Load, Usage
+from skulk.wire.runner import Finished, GenerationEnd, Load, Usage
 from skulk.worker import RequestFailure
 
 
@@ -45,7 +45,7 @@ def test_load_and_usage_round_trip_with_and_without_the_new_fields() -> None:
     load = Load("/m", "m", kv_cache_bytes=1 << 30, prefix_cache_bytes=0, kv_waiting=3)
     assert TO_RUNNER.decode(TO_RUNNER.encode(load)) == load
     assert TO_RUNNER.decode(TO_RUNNER.encode(Load("/m", "m"))) == Load("/m", "m")
-    done = Finished("r", "stop", Usage(10, 2, cached_tokens=8))
+    done = Finished("r", GenerationEnd("stop", Usage(10, 2, cached_tokens=8)))
     assert FROM_RUNNER.decode(FROM_RUNNER.encode(done)) == done
 
 

@@ -17,6 +17,7 @@ from skulk.wire import FrameReader
 from skulk.wire.runner import (
     Finished,
     FromRunner,
+    GenerationEnd,
     Heartbeat,
     RequestFailed,
     TokenChunk,
@@ -73,7 +74,7 @@ def test_a_requests_first_chunks_are_written_at_once_and_the_next_ones_merge(
         link.send(chunk("a", token))
     link.beat()  # a fast iteration, a write just now: still held
     assert written(node_end) == []
-    done = Finished("a", "length", Usage(3, EAGER + 3))
+    done = Finished("a", GenerationEnd("length", Usage(3, EAGER + 3)))
     link.send(done)  # the end writes the held tokens first, merged
     assert written(node_end) == [merged("a", 7, 8, 9), done]
 

@@ -33,14 +33,13 @@ from skulk.wire.runner import (
     Finished,
     FromRunner,
     Generate,
+    GenerationEnd,
     RequestFailed,
     SamplingParams,
     TextPrompt,
     ToolCall,
     Usage,
 )
-from skulk.worker import Generation
-from tests._doubles import FakeLink
 from tests.unit.test_engine_batch import Loop
 from tests.unit.test_routing_caller import answer_with, collect, routing
 from tests.unit.test_routing_caller import request as remote_request
@@ -100,7 +99,7 @@ def test_the_model_parser_reads_pythonic_calls(engines: dict[str, Engine]) -> No
     assert engine.tokenizer.tool_call_start == "<|tool_call_start|>"
     calls = '[weather(city="Oslo"), weather(city="Bergen")]'
     text = f"Let me look. <|tool_call_start|>{calls}<|tool_call_end|>"
-    end = ended_with(engine, text)
+    end = ended_with(engine, text).end
     assert [(c.name, json.loads(c.arguments)) for c in end.tool_calls] == [
         ("weather", {"city": "Oslo"}),
         ("weather", {"city": "Bergen"}),
@@ -112,14 +111,15 @@ def test_the_model_parser_reads_pythonic_calls(engines: dict[str, Engine]) -> No
 def test_the_model_parser_reads_mistral_calls_without_an_end_marker(
     engines: dict[str, Engine],
 ) -> None:
-    end = ended_with(engines["mistral"], '[TOOL_CALLS]weather[ARGS]{"city": "Oslo"}')
+    end = ended_with(engines["mistral"], '[TOOL_CALLS]weather[ARGS]{"city": "Oslo"}').end
     assert [(c.name, c.arguments) for c in end.tool_calls] == [("weather", '{"city":"Oslo"}')]
     assert end.content == ""
 
 
 def test_no_calls_leave_finished_as_it_was(engines: dict[str, Engine]) -> None:
     engine = engines["pythonic"]
-    assert ended_with(engine, "Just words.") == Finished("r1", "stop", Usage(end_prompt(engine), 0))
+    no_calls = GenerationEnd("stop", Usage(end_prompt(engine), 0))
+    assert ended_with(engine, "Just words.") == Finished("r1", no_calls)
     # No tools offered: the text is not even kept.
     plain = ChatPrompt((ChatMessage("user", "hi"),))
     assert ToolText.open(engine.tokenizer, plain) is None
@@ -134,7 +134,7 @@ def test_no_calls_leave_finished_as_it_was(engines: dict[str, Engine]) -> None:
     ],
 )
 def test_a_call_that_does_not_parse_leaves_the_text(engines: dict[str, Engine], text: str) -> None:
-    end = ended_with(engines["pythonic"], text)
+    end = ended_with(engines["pythonic"], text).end
     assert end.tool_calls == () and end.content is None
 
 
@@ -185,7 +185,7 @@ def test_the_runner_loop_reports_a_forced_call_parsed_by_the_model_parser(
             break
         loop.requests.advance()
     assert not [f for f in loop.link.sent if isinstance(f, RequestFailed)]
-    (end,) = [f for f in loop.link.sent if isinstance(f, Finished)]
+    (end,) = [f.end for f in loop.link.sent if isinstance(f, Finished)]
     assert end.finish_reason == "stop"
     (call,) = end.tool_calls
     assert call.name == "weather" and json.loads(call.arguments)["city"] in ("Oslo", "Bergen")
@@ -195,17 +195,18 @@ def test_the_runner_loop_reports_a_forced_call_parsed_by_the_model_parser(
 def test_the_api_prefers_the_runner_calls_over_its_own_parse() -> None:
     runner_call = ToolCall("", "weather", '{"city":"Oslo"}')
     hermes = '<tool_call>{"name": "other", "arguments": {}}</tool_call>'
-    end = Generation("stop", Usage(3, 5), tool_calls=(runner_call,), content="Sure.")
+    end = GenerationEnd("stop", Usage(3, 5), tool_calls=(runner_call,), content="Sure.")
     text, calls = answer_calls(hermes, end, id_prefix="toolu_")
     assert text == "Sure."
     assert [(c.name, c.arguments) for c in calls] == [("weather", '{"city":"Oslo"}')]
     assert calls[0].id.startswith("toolu_")
-    kept = Generation("stop", Usage(3, 5), tool_calls=(ToolCall("m1", "w", "{}"),))
+    kept = GenerationEnd("stop", Usage(3, 5), tool_calls=(ToolCall("m1", "w", "{}"),))
     assert answer_calls("x", kept)[1][0].id == "m1"
     # Without runner calls, the API's own parse; cut short, none at all.
-    text, calls = answer_calls(hermes, Generation("stop", Usage(3, 5)))
+    text, calls = answer_calls(hermes, GenerationEnd("stop", Usage(3, 5)))
     assert text == "" and [c.name for c in calls] == ["other"]
-    assert answer_calls(hermes, Generation("length", Usage(3, 5), tool_calls=(runner_call,))) == (
+    cut = GenerationEnd("length", Usage(3, 5), tool_calls=(runner_call,))
+    assert answer_calls(hermes, cut) == (
         hermes,
         [],
     )
@@ -213,16 +214,16 @@ def test_the_api_prefers_the_runner_calls_over_its_own_parse() -> None:
 
 def test_the_calls_cross_the_runner_link_and_the_mesh() -> None:
     calls = (ToolCall("", "weather", '{"city":"Oslo"}'),)
-    frame = Finished("r1", "stop", Usage(3, 5), None, calls, "Sure.")
+    end = GenerationEnd("stop", Usage(3, 5), None, calls, "Sure.")
+    frame = Finished("r1", end)
     runner_codec: Codec[FromRunner] = Codec(FromRunner)
     assert runner_codec.decode(runner_codec.encode(frame)) == frame
-    end = RouteEnd("stop", Usage(3, 5), None, calls, "Sure.")
-    assert ITEM_CODEC.decode(ITEM_CODEC.encode(end)) == end
+    assert ITEM_CODEC.decode(ITEM_CODEC.encode(RouteEnd(end))) == RouteEnd(end)
     # A peer without the fields (an older node) decodes to none.
-    bare = runner_codec.unstructure(Finished("r1", "stop", Usage(3, 5)))
+    bare = runner_codec.unstructure(Finished("r1", GenerationEnd("stop", Usage(3, 5))))
     for key in ("tool_calls", "content"):
-        bare.pop(key, None)
-    assert runner_codec.structure(bare) == Finished("r1", "stop", Usage(3, 5))
+        bare["end"].pop(key, None)
+    assert runner_codec.structure(bare) == Finished("r1", GenerationEnd("stop", Usage(3, 5)))
 
 
 CALLS = (ToolCall("", "weather", '{"city":"Oslo"}'),)
@@ -233,10 +234,10 @@ class CallingService:
 
     async def generate(
         self, prompt: object, params: object
-    ) -> AsyncGenerator[str | Generation, None]:
+    ) -> AsyncGenerator[str | GenerationEnd, None]:
         await trio.lowlevel.checkpoint()
         yield "Sure."
-        yield Generation("stop", Usage(1, 1), None, CALLS, "Sure.")
+        yield GenerationEnd("stop", Usage(1, 1), None, CALLS, "Sure.")
 
 
 async def test_the_serving_node_carries_the_calls_onto_route_end() -> None:
@@ -245,7 +246,7 @@ async def test_the_serving_node_carries_the_calls_onto_route_end() -> None:
     send, receive = trio.open_memory_channel[RouteItem](10)
     await server._pump(request, cast(Any, CallingService()), send)
     items = [item async for item in receive]
-    assert items[-1] == RouteEnd("stop", Usage(1, 1), None, CALLS, "Sure.")
+    assert items[-1] == RouteEnd(GenerationEnd("stop", Usage(1, 1), None, CALLS, "Sure."))
 
 
 async def test_the_calling_node_carries_them_onto_its_generation(
@@ -253,8 +254,8 @@ async def test_the_calling_node_carries_them_onto_its_generation(
 ) -> None:
     link = FakeLink()
     r = routing(link)
-    end = RouteEnd("stop", Usage(2, 3), None, CALLS, "")
+    end = RouteEnd(GenerationEnd("stop", Usage(2, 3), None, CALLS, ""))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer_with, r, link, RouteDelta("a"), end)
         got = await collect(remote_request(r))
-    assert got == ["a", Generation("stop", Usage(2, 3), None, CALLS, "")]
+    assert got == ["a", GenerationEnd("stop", Usage(2, 3), None, CALLS, "")]

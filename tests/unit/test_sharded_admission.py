@@ -54,7 +54,7 @@ class Rank0:
             if isinstance(f, RequestFailed):
                 out[f.request_id] = f.reason
             elif isinstance(f, Finished):
-                out[f.request_id] = f.finish_reason
+                out[f.request_id] = f.end.finish_reason
         return out
 
 

@@ -11,8 +11,7 @@ from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._responses import parse_responses
 from skulk.api._structured import CHECK_HERE_BYTES, ollama_format, openai_response_format
 from skulk.grammar import JSON_OBJECT_SCHEMA
-from skulk.wire.runner import Usage
-from skulk.worker import Generation
+from skulk.wire.runner import GenerationEnd, Usage
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -61,7 +60,7 @@ def test_responses_text_format_and_its_echo() -> None:
     fmt = {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}
     req = parse_responses({"model": "m", "input": "x", "text": {"format": fmt}})
     assert req.params.json_schema is not None and json.loads(req.params.json_schema) == SCHEMA
-    whole = req.format.renderer("m").whole("{}", Generation("stop", Usage(1, 1)))
+    whole = req.format.renderer("m").whole("{}", GenerationEnd("stop", Usage(1, 1)))
     assert whole["text"]["format"] == fmt  # type: ignore[index]
 
 

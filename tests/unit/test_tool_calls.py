@@ -15,8 +15,14 @@ from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._openai_tools import ToolsFormat
 from skulk.api._tool_calls import Tool, forced_params, parse_calls
 from skulk.engine._tools import FALLBACK_PROMPT, chat_inputs
-from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, ToolCall, Usage
-from skulk.worker import Generation
+from skulk.wire.runner import (
+    ChatMessage,
+    ChatPrompt,
+    GenerationEnd,
+    SamplingParams,
+    ToolCall,
+    Usage,
+)
 
 WEATHER: dict[str, object] = {
     "type": "object",
@@ -140,7 +146,7 @@ def test_openai_tool_fields_are_checked(fields: dict[str, object], param: str) -
 
 
 def test_the_openai_answer_carries_tool_calls_streamed_or_whole() -> None:
-    end = Generation("stop", Usage(3, 5))
+    end = GenerationEnd("stop", Usage(3, 5))
     renderer = ToolsFormat(include_usage=False).renderer("m")
     assert renderer.delta('{"name": "w", ') == []  # held back until the end
     renderer.delta('"arguments": {"city": "Oslo"}}')

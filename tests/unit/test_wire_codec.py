@@ -28,6 +28,7 @@ from skulk.wire.runner import (
     Finished,
     FromRunner,
     Generate,
+    GenerationEnd,
     Hello,
     SamplingParams,
     Shutdown,
@@ -288,19 +289,19 @@ def test_top_level_must_be_a_map(value: object, expected: str) -> None:
 
 
 def test_literal_is_checked() -> None:
-    value = FROM.unstructure(Finished("r", "stop", Usage(1, 2)))
-    value["finish_reason"] = "eos"
+    value = FROM.unstructure(Finished("r", GenerationEnd("stop", Usage(1, 2))))
+    value["end"]["finish_reason"] = "eos"
     assert str(schema_error(value, FROM)) == (
-        "expected one of 'stop', 'length', 'cancelled' @ $.finish_reason"
+        "expected one of 'stop', 'length', 'cancelled' @ $.end.finish_reason"
     )
-    value["finish_reason"] = 1
-    assert schema_error(value, FROM).path == "$.finish_reason"
+    value["end"]["finish_reason"] = 1
+    assert schema_error(value, FROM).path == "$.end.finish_reason"
 
 
 def test_nested_class_field_errors() -> None:
-    value = FROM.unstructure(Finished("r", "stop", Usage(1, 2)))
-    value["usage"]["completion_tokens"] = -1.5
-    assert str(schema_error(value, FROM)) == "expected int @ $.usage.completion_tokens"
+    value = FROM.unstructure(Finished("r", GenerationEnd("stop", Usage(1, 2))))
+    value["end"]["usage"]["completion_tokens"] = -1.5
+    assert str(schema_error(value, FROM)) == "expected int @ $.end.usage.completion_tokens"
 
 
 def test_first_problem_in_field_order_is_reported() -> None:
