@@ -34,6 +34,8 @@ from skulk.wire import Codec
 from skulk.wire.routing import RouteDelta, RouteHeader, RouteItem, RouteRequest
 from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
 from skulk.worker import ModelService, ModelStatus, ModelUnavailable, RequestFailure
+from tests._doubles import LINK_CONFIG as CONFIG
+from tests._doubles import SECRET
 
 #: Long enough that none fires by accident on a loaded machine: a test that wants one to fire
 #: shortens it. ``idle`` especially: a lost link must be noticed without it.

@@ -42,7 +42,7 @@ from skulk.wire.routing import (
 )
 from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
 from skulk.worker import RequestFailure
-from tests.unit._streams import FakeReceiver
+from tests._doubles import FakeLink, FakeReceiver
 
 ITEMS: Codec[RouteItem] = Codec(RouteItem)
 TIMEOUTS = RouteTimeouts(admit=5.0, header=5.0, send=30.0, keepalive=2.0, idle=10.0)

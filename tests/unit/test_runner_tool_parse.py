@@ -40,6 +40,7 @@ from skulk.wire.runner import (
     ToolCall,
     Usage,
 )
+from tests._doubles import FakeLink
 from tests.unit.test_engine_batch import Loop
 from tests.unit.test_routing_caller import answer_with, collect, routing
 from tests.unit.test_routing_caller import request as remote_request
