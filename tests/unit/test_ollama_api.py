@@ -179,7 +179,9 @@ def test_format_json_or_a_schema_becomes_the_runners_schema() -> None:
     assert chat.params.json_schema == '{"type": "object"}'
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     generate = parse_generate({"model": MODEL, "prompt": "x", "format": schema})
-    assert generate.params.json_schema == '{"type":"object","properties":{"n":{"type":"integer"}}}'
+    # As pydantic writes it (no additionalProperties): the runner's grammar admits no other key.
+    closed = '{"type":"object","properties":{"n":{"type":"integer"}},"additionalProperties":false}'
+    assert generate.params.json_schema == closed
     assert parse_chat({"model": MODEL, "messages": USER, "format": ""}).params.json_schema is None
 
 

@@ -15,6 +15,8 @@ from skulk.wire.runner import Usage
 from skulk.worker import Generation
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+#: What the runner gets for SCHEMA: its object closed (no additionalProperties said: none allowed).
+CLOSED = {**SCHEMA, "additionalProperties": False}
 
 
 def test_openai_response_format_kinds() -> None:
@@ -23,7 +25,7 @@ def test_openai_response_format_kinds() -> None:
     assert openai_response_format({"type": "json_object"}) == JSON_OBJECT_SCHEMA
     spec = {"name": "a", "schema": SCHEMA, "strict": True}
     text = openai_response_format({"type": "json_schema", "json_schema": spec})
-    assert text is not None and json.loads(text) == SCHEMA
+    assert text is not None and json.loads(text) == CLOSED
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     req = parse_chat_completions({**body, "response_format": {"type": "json_object"}})
     assert req.params.json_schema == JSON_OBJECT_SCHEMA
@@ -60,7 +62,7 @@ def test_openai_response_format_errors_name_the_field(value: object, param: str)
 def test_responses_text_format_and_its_echo() -> None:
     fmt = {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}
     req = parse_responses({"model": "m", "input": "x", "text": {"format": fmt}})
-    assert req.params.json_schema is not None and json.loads(req.params.json_schema) == SCHEMA
+    assert req.params.json_schema is not None and json.loads(req.params.json_schema) == CLOSED
     whole = req.format.renderer("m").whole("{}", Generation("stop", Usage(1, 1)))
     assert whole["text"]["format"] == fmt  # type: ignore[index]
 
