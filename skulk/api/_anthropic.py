@@ -42,7 +42,7 @@ import attrs
 
 from skulk.api._anthropic_tools import ToolsFormat, parse_tool_choice, parse_tools, tool_blocks
 from skulk.api._error_formats import anthropic_envelope
-from skulk.api._openai_errors import ApiError, _show
+from skulk.api._errors import ApiError, show
 from skulk.api._openai_parse import (
     _MODEL,
     _NULL_ONLY,
@@ -240,7 +240,7 @@ def _message(raw: object, param: str) -> list[ChatMessage]:
     if role not in ("user", "assistant"):
         raise ApiError.invalid(
             f"{param}.role",
-            f"Invalid value for '{param}.role': {_show(role)}; expected \"user\" or "
+            f"Invalid value for '{param}.role': {show(role)}; expected \"user\" or "
             '"assistant" (the system prompt is the top-level "system" field).',
         )
     _reject_unknown(message, _MESSAGE_KEYS, f"{param}.")

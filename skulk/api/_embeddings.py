@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from quart import Response
 from quart_trio import QuartTrio
 
+from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
 from skulk.api._ollama import _COMMON_HONOURED, _check_type, _keep_alive, _model, parse_options
-from skulk.api._openai_errors import ApiError
 from skulk.api._schema import INFORMATIONAL, Schema, honoured, typed
 from skulk.api._stream import ROUTING_ERRORS, SERVING_ERRORS, routing_error, serving_error_for
 from skulk.routing import Route, Router

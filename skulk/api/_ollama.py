@@ -31,8 +31,8 @@ from typing import Literal
 import attrs
 
 from skulk.api._error_formats import ollama_envelope
+from skulk.api._errors import ApiError
 from skulk.api._ollama_tools import ToolsRenderer, parse_calls_field
-from skulk.api._openai_errors import ApiError
 from skulk.api._openai_tools import parse_tools
 from skulk.api._request import Event, GenerateRequest
 from skulk.api._schema import INFORMATIONAL, Schema, honoured, no_op, obj, ref

@@ -22,6 +22,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from skulk import __version__
+from skulk.api._errors import ApiError
 from skulk.api._guard import close_with_request
 from skulk.api._http_errors import json_response
 from skulk.api._ollama import (
@@ -36,7 +37,6 @@ from skulk.api._ollama import (
     show,
     tags,
 )
-from skulk.api._openai_errors import ApiError
 from skulk.api._request import GenerateRequest
 from skulk.api._stream import (
     ROUTING_ERRORS,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import attrs
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._request import Event
 from skulk.api._tool_calls import Call, answer_calls, checked_object, objects
 from skulk.wire.runner import ToolCall

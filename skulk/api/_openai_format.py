@@ -20,8 +20,6 @@ With ``stream_options.include_usage`` every chunk before the last carries ``"usa
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +27,7 @@ from typing import Literal
 
 import attrs
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._openai_logprobs import chat_logprobs, completion_logprobs
 from skulk.api._request import Event
 from skulk.wire.runner import FinishReason, Usage
@@ -42,8 +40,6 @@ COMPLETION_ID_PREFIX = "cmpl"
 
 SSE_DONE = b"data: [DONE]\n\n"
 """The sentinel that ends an OpenAI SSE stream (after the last chunk, and after an error)."""
-
-_SSE_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 def new_request_id(kind: str) -> str:
@@ -403,32 +399,6 @@ class CompletionStream:
         if self.include_usage:
             chunks.append(completion_usage_chunk(self.id, self.created, self.model, usage))
         return chunks
-
-
-# ---- SSE framing -----------------------------------------------------------------------------
-
-
-def sse_event(obj: Mapping[str, object] | str) -> bytes:
-    """One server-sent event: ``data: <compact JSON>\\n\\n`` (a string is sent as is).
-
-    A string containing line breaks becomes several ``data:`` lines, which SSE clients join
-    back with ``\\n``; compact JSON never contains a raw line break. Non-finite floats raise
-    :class:`ValueError` rather than emitting JSON that clients cannot parse.
-    """
-    if isinstance(obj, str):
-        return _sse_frame(obj).encode("utf-8", "replace")
-    try:
-        return _sse_frame(_compact_json(obj, ensure_ascii=False)).encode()
-    except UnicodeEncodeError:  # a lone surrogate (e.g. echoed from a request); escape it
-        return _sse_frame(_compact_json(obj, ensure_ascii=True)).encode()
-
-
-def _compact_json(obj: Mapping[str, object], *, ensure_ascii: bool) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False)
-
-
-def _sse_frame(data: str) -> str:
-    return "".join(f"data: {line}\n" for line in _SSE_LINE_BREAK.split(data)) + "\n"
 
 
 # ---- the OpenAI formats as renderers of the neutral driver -----------------------------------

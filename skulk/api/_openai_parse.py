@@ -29,7 +29,7 @@ from typing import TypeGuard
 
 import attrs
 
-from skulk.api._openai_errors import ApiError, _show
+from skulk.api._errors import ApiError, show
 from skulk.api._openai_format import OpenAIFormat
 from skulk.api._openai_tools import (
     ToolsFormat,
@@ -137,9 +137,7 @@ def _opt_int(body: Mapping[str, object], name: str, *, lo: int, hi: int = INT64_
         raise ApiError.invalid_type(name, "an integer", value)
     if not lo <= value <= hi:
         bound = f"at least {lo}" if value < lo else f"at most {hi}"
-        raise ApiError.invalid(
-            name, f"Invalid value for '{name}': {_show(value)}; must be {bound}."
-        )
+        raise ApiError.invalid(name, f"Invalid value for '{name}': {show(value)}; must be {bound}.")
     return value
 
 
@@ -156,7 +154,7 @@ def _opt_number(
     if not (above_lo and value <= hi):
         interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
         raise ApiError.invalid(
-            name, f"Invalid value for '{name}': {_show(value)}; must be in {interval}."
+            name, f"Invalid value for '{name}': {show(value)}; must be in {interval}."
         )
     return float(value)
 
@@ -201,7 +199,7 @@ class _Check:
 def _only(*allowed: object, types: tuple[type, ...] = (object,), expected: str = "") -> _Check:
     """A field accepted only with one of ``allowed`` (or null); other values of the right type
     are well-formed requests we cannot honour."""
-    supported = " or ".join([_show(a) for a in allowed] + ["null"])
+    supported = " or ".join([show(a) for a in allowed] + ["null"])
 
     def check(param: str, value: object) -> None:
         if value is None:
@@ -720,7 +718,7 @@ def _message(raw: object, param: str) -> ChatMessage:
     if mapped is None:
         raise ApiError.invalid(
             f"{param}.role",
-            f"Invalid value for '{param}.role': {_show(role)}; expected {_SUPPORTED_ROLES}.",
+            f"Invalid value for '{param}.role': {show(role)}; expected {_SUPPORTED_ROLES}.",
         )
     _reject_unknown(message, _MESSAGE_KEYS[mapped], f"{param}.")
     _STRING(f"{param}.name", message.get("name"))  # informational: which participant spoke

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from skulk.api._openai_errors import ApiError, _show
+from skulk.api._errors import ApiError, show
 from skulk.api._openai_logprobs import chat_logprobs
 from skulk.api._openai_parse import (
     _CHAT_INFO,
@@ -276,7 +276,7 @@ def _message(raw: object, param: str) -> ChatMessage:
     if mapped is None:
         raise ApiError.invalid(
             f"{param}.role",
-            f"Invalid value for '{param}.role': {_show(role)}; expected {_SUPPORTED_ROLES}.",
+            f"Invalid value for '{param}.role': {show(role)}; expected {_SUPPORTED_ROLES}.",
         )
     _reject_unknown(item, _MESSAGE_KEYS, f"{param}.")
     # An earlier output message sent back carries its id, status and phase: informational.

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from openai.types.responses import response_create_params
 
 from skulk.api._anthropic import parse_count_tokens, parse_messages
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._request import GenerateRequest
 from skulk.api._responses import parse_responses
 from skulk.runner.protocol import TO_RUNNER

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import trio
 
+from skulk.api._errors import ApiError
 from skulk.api._ollama import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
@@ -20,7 +21,6 @@ from skulk.api._ollama import (
     parse_options,
     parse_show,
 )
-from skulk.api._openai_errors import ApiError
 from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, TextPrompt, Usage
 from skulk.worker import Generation, ModelStatus, ModelUnavailable, RequestFailure
 from tests.unit.test_api_edge import DONE, MODEL, WAIT, FakeService, app_for, call

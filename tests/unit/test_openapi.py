@@ -24,8 +24,8 @@ from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._cluster_routes import parse_placement
 from skulk.api._diagnostic_routes import parse_timeline_query
 from skulk.api._embeddings import parse_ollama, parse_ollama_legacy, parse_openai
+from skulk.api._errors import ApiError
 from skulk.api._ollama import parse_chat, parse_generate, parse_options, parse_show
-from skulk.api._openai_errors import ApiError
 from skulk.api._openai_parse import parse_chat_completions, parse_completions
 from skulk.api._openapi import openapi_document, request_bodies
 from skulk.api._openapi_answers import NDJSON, SSE

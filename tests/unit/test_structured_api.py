@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._responses import parse_responses
 from skulk.api._structured import CHECK_HERE_BYTES, ollama_format, openai_response_format
