@@ -22,10 +22,11 @@ import functools
 from collections.abc import Iterable, Mapping
 
 from skulk import __version__
-from skulk.api import _anthropic, _embeddings, _ollama, _openai_parse, _responses
+from skulk.api import _anthropic, _embeddings, _ollama, _openai_messages, _openai_parse, _responses
 from skulk.api._cluster_routes import _PLACEMENT_FIELDS
 from skulk.api._diagnostic_routes import _TIMELINE_PARAMS
 from skulk.api._error_formats import OLLAMA_PREFIX
+from skulk.api._fields import STREAM_OPTIONS_NEED_STREAM
 from skulk.api._openapi_answers import (
     ANSWERS,
     EVENTS,
@@ -44,8 +45,7 @@ from skulk.models import DEMO_MODEL_ID
 
 def fields(honoured: Mapping[str, Schema], *checks: Mapping[str, object]) -> dict[str, Schema]:
     """A body's properties: the honoured fields' schemas, then each rule's ``schema`` (the
-    no-op and informational tables; a rule is :class:`~skulk.api._openai_parse._Check` or
-    Ollama's ``_Field``)."""
+    no-op and informational tables; a rule is a :class:`~skulk.api._fields.Check`)."""
     props = dict(honoured)
     for table in checks:
         for name, rule in table.items():
@@ -174,9 +174,9 @@ def _streamed(path: str, schema: str, stream_type: str, description: str) -> dic
 
 #: What the parsers enforce across a body's fields, as JSON Schema (each next to its check).
 _CROSS_FIELD: dict[str, list[Schema]] = {
-    "/v1/chat/completions": [_openai_parse.STREAM_OPTIONS_NEED_STREAM],
-    "/v1/completions": [_openai_parse.STREAM_OPTIONS_NEED_STREAM],
-    "/v1/responses": [_openai_parse.STREAM_OPTIONS_NEED_STREAM],
+    "/v1/chat/completions": [STREAM_OPTIONS_NEED_STREAM],
+    "/v1/completions": [STREAM_OPTIONS_NEED_STREAM],
+    "/v1/responses": [STREAM_OPTIONS_NEED_STREAM],
     "/api/generate": [_ollama.RAW_HAS_NO_SYSTEM],
     "/api/show": [_ollama.SHOW_NEEDS_A_MODEL],
 }
@@ -407,7 +407,7 @@ def openapi_document(*, cluster: bool = True, timeline: bool = True) -> dict[str
     Built once per combination; callers must not change it."""
     schemas: dict[str, Schema] = {}
     for module_schemas in (
-        _openai_parse.SCHEMAS,
+        _openai_messages.SCHEMAS,
         _responses.SCHEMAS,
         _anthropic.SCHEMAS,
         _ollama.SCHEMAS,

@@ -37,30 +37,30 @@ from collections.abc import Mapping
 import attrs
 
 from skulk.api._errors import ApiError, show
-from skulk.api._openai_logprobs import chat_logprobs
-from skulk.api._openai_parse import (
-    _CHAT_INFO,
-    _FALSE,
-    _MAX_TOKENS,
-    _MODEL,
-    _NULL_ONLY,
-    _SAMPLING,
-    _STREAM_OPTION_FIELDS,
-    _STRING,
-    _body,
-    _Check,
-    _info,
-    _model,
-    _object,
-    _only,
-    _opt_int,
-    _opt_number,
-    _reject_unknown,
-    _required_str,
-    _run_checks,
-    _streaming,
-    _typed_part,
+from skulk.api._fields import (
+    FALSE,
+    MAX_TOKENS,
+    MODEL,
+    NULL_ONLY,
+    OPENAI_INFO,
+    SAMPLING,
+    STREAM_OPTION_FIELDS,
+    STRING,
+    Check,
+    as_object,
+    checked_body,
+    info,
+    model_name,
+    only,
+    opt_int,
+    opt_number,
+    reject_unknown,
+    required_str,
+    run_checks,
+    streaming,
+    typed_part,
 )
+from skulk.api._openai_logprobs import chat_logprobs
 from skulk.api._request import Event, GenerateRequest
 from skulk.api._schema import Schema, honoured, no_op, obj, ref, typed
 from skulk.api._structured import TEXT_FORMAT_SCHEMA, responses_text_format
@@ -81,9 +81,9 @@ def _check_text(param: str, value: object) -> None:
     :func:`_text_format`), at the default verbosity."""
     if value is None:
         return
-    text = _object(value, param)
-    _reject_unknown(text, dict.fromkeys(["format", "verbosity"]), f"{param}.")
-    _only("medium", types=(str,), expected="a string")(f"{param}.verbosity", text.get("verbosity"))
+    text = as_object(value, param)
+    reject_unknown(text, dict.fromkeys(["format", "verbosity"]), f"{param}.")
+    only("medium", kind="string")(f"{param}.verbosity", text.get("verbosity"))
 
 
 def _logprobs_included(body: Mapping[str, object]) -> bool:
@@ -110,7 +110,7 @@ def _text_format(body: Mapping[str, object]) -> tuple[str | None, Mapping[str, o
     return schema, value if isinstance(value, dict) and schema is not None else {"type": "text"}
 
 
-_TEXT = _Check(
+_TEXT = Check(
     _check_text,
     {
         "anyOf": [
@@ -133,44 +133,44 @@ _TEXT = _Check(
     },
 )
 
-_NO_OPS: dict[str, _Check] = {
-    "tools": _only([], types=(list,), expected="an array"),
-    "tool_choice": _only("auto", "none", types=(str, dict), expected="a string or an object"),
-    "previous_response_id": _NULL_ONLY,
-    "conversation": _NULL_ONLY,
-    "reasoning": _NULL_ONLY,
-    "prompt": _NULL_ONLY,
-    "background": _FALSE,
-    "background_options": _NULL_ONLY,
-    "max_tool_calls": _NULL_ONLY,
-    "truncation": _only("disabled", types=(str,), expected="a string"),
+_NO_OPS: dict[str, Check] = {
+    "tools": only([], kind="array"),
+    "tool_choice": only("auto", "none", kind=("string", "object")),
+    "previous_response_id": NULL_ONLY,
+    "conversation": NULL_ONLY,
+    "reasoning": NULL_ONLY,
+    "prompt": NULL_ONLY,
+    "background": FALSE,
+    "background_options": NULL_ONLY,
+    "max_tool_calls": NULL_ONLY,
+    "truncation": only("disabled", kind="string"),
     "text": _TEXT,
-    "service_tier": _only("auto", "default", types=(str,), expected="a string"),
-    "store": _FALSE,
-    "context_management": _NULL_ONLY,
-    "moderation": _NULL_ONLY,
-    "access_programs": _NULL_ONLY,
-    "image": _NULL_ONLY,
-    "prompt_cache_retention": _NULL_ONLY,
-    "prompt_cache_options": _only({}, types=(dict,), expected="an object"),
+    "service_tier": only("auto", "default", kind="string"),
+    "store": FALSE,
+    "context_management": NULL_ONLY,
+    "moderation": NULL_ONLY,
+    "access_programs": NULL_ONLY,
+    "image": NULL_ONLY,
+    "prompt_cache_retention": NULL_ONLY,
+    "prompt_cache_options": only({}, kind="object"),
 }
 
 #: The same informational fields as chat completions (user, metadata, ...).
-_INFO = _CHAT_INFO
+_INFO = OPENAI_INFO
 
 #: The honoured fields and the JSON Schema of what each accepts (the OpenAPI document's).
 _HONOURED: dict[str, Schema] = {
-    "model": _MODEL,
+    "model": MODEL,
     "input": honoured(
         "A string (one user message) or a list of message items.",
         anyOf=[{"type": "string"}, {"type": "array", "minItems": 1, "items": ref("InputMessage")}],
     ),
     "instructions": honoured("A system message put first.", type=["string", "null"]),
     "max_output_tokens": honoured(
-        "The most tokens to generate (absent: up to the context).", **_MAX_TOKENS
+        "The most tokens to generate (absent: up to the context).", **MAX_TOKENS
     ),
-    "temperature": _SAMPLING["temperature"],
-    "top_p": _SAMPLING["top_p"],
+    "temperature": SAMPLING["temperature"],
+    "top_p": SAMPLING["top_p"],
     "include": honoured(
         f"Only {LOGPROBS_INCLUDE!r}: each output token's log-probability in the output_text "
         "part's and delta events' logprobs (any other value: 400 unsupported_parameter).",
@@ -188,7 +188,7 @@ _HONOURED: dict[str, Schema] = {
     "stream_options": honoured(
         "Only with stream: true; include_obfuscation only false (events are never padded).",
         anyOf=[
-            obj({"include_obfuscation": _STREAM_OPTION_FIELDS["include_obfuscation"]}),
+            obj({"include_obfuscation": STREAM_OPTION_FIELDS["include_obfuscation"]}),
             {"type": "null"},
         ],
     ),
@@ -214,7 +214,7 @@ _PART_KEYS: dict[str, dict[str, Schema]] = {
     "input_text": {
         "type": {"const": "input_text"},
         "text": {"type": "string"},
-        "prompt_cache_breakpoint": _NULL_ONLY.schema,
+        "prompt_cache_breakpoint": NULL_ONLY.schema,
     },
     "output_text": {
         "type": {"const": "output_text"},
@@ -251,38 +251,36 @@ SCHEMAS: dict[str, Schema] = {
 def _part(raw: object, param: str, role: str) -> str:
     # An assistant turn speaks output_text; the others input_text (OpenAI insists on it too).
     wanted = "output_text" if role == "assistant" else "input_text"
-    kind, part = _typed_part(
+    kind, part = typed_part(
         raw, param, {wanted: _PART_KEYS[wanted]}, supported=f'"{wanted}" parts here'
     )
     if kind == "input_text":
-        _NULL_ONLY(f"{param}.prompt_cache_breakpoint", part.get("prompt_cache_breakpoint"))
+        NULL_ONLY(f"{param}.prompt_cache_breakpoint", part.get("prompt_cache_breakpoint"))
     else:
-        _only([], types=(list,), expected="an array")(
-            f"{param}.annotations", part.get("annotations")
-        )
-        _info((list,), "an array")(f"{param}.logprobs", part.get("logprobs"))
-    return _required_str(part, "text", param)
+        only([], kind="array")(f"{param}.annotations", part.get("annotations"))
+        info("array")(f"{param}.logprobs", part.get("logprobs"))
+    return required_str(part, "text", param)
 
 
 def _message(raw: object, param: str) -> ChatMessage:
-    item = _object(raw, param)
+    item = as_object(raw, param)
     kind = item.get("type", "message")
     if kind != "message":
         if not isinstance(kind, str):
             raise ApiError.invalid_type(f"{param}.type", "a string", kind)
         raise ApiError.unsupported(f"{param}.type", kind, supported='"message" input items')
-    role = _required_str(item, "role", param)
+    role = required_str(item, "role", param)
     mapped = _ROLES.get(role)
     if mapped is None:
         raise ApiError.invalid(
             f"{param}.role",
             f"Invalid value for '{param}.role': {show(role)}; expected {_SUPPORTED_ROLES}.",
         )
-    _reject_unknown(item, _MESSAGE_KEYS, f"{param}.")
+    reject_unknown(item, _MESSAGE_KEYS, f"{param}.")
     # An earlier output message sent back carries its id, status and phase: informational.
-    _STRING(f"{param}.id", item.get("id"))
-    _STRING(f"{param}.status", item.get("status"))
-    _STRING(f"{param}.phase", item.get("phase"))
+    STRING(f"{param}.id", item.get("id"))
+    STRING(f"{param}.status", item.get("status"))
+    STRING(f"{param}.phase", item.get("phase"))
     content = item.get("content")
     if content is None:
         raise ApiError.missing(f"{param}.content")
@@ -314,21 +312,21 @@ def parse_responses(body: object) -> GenerateRequest:
     in a fixed order (unknown fields, model, input, instructions, no-op fields, sampling,
     streaming). ``max_output_tokens`` absent means "up to the context limit".
     """
-    obj = _body(body, _FIELDS)
-    model = _model(obj)
+    obj = checked_body(body, _FIELDS)
+    model = model_name(obj)
     messages = _input(obj)
     instructions = obj.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError.invalid_type("instructions", "a string", instructions)
     if instructions is not None:
         messages = (ChatMessage("system", instructions), *messages)
-    _run_checks(obj, _NO_OPS)
-    _run_checks(obj, _INFO)
-    max_tokens = _opt_int(obj, "max_output_tokens", lo=1)
-    temperature = _opt_number(obj, "temperature", lo=0, hi=2)
-    top_p = _opt_number(obj, "top_p", lo=0, hi=1, lo_open=True)
+    run_checks(obj, _NO_OPS)
+    run_checks(obj, _INFO)
+    max_tokens = opt_int(obj, "max_output_tokens", lo=1)
+    temperature = opt_number(obj, "temperature", lo=0, hi=2)
+    top_p = opt_number(obj, "top_p", lo=0, hi=1, lo_open=True)
     schema, text_format = _text_format(obj)
-    top_logprobs = _opt_int(obj, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS) or 0
+    top_logprobs = opt_int(obj, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS) or 0
     logprobs = _logprobs_included(obj) or top_logprobs > 0
     params = SamplingParams(
         temperature=1.0 if temperature is None else temperature,
@@ -351,7 +349,7 @@ def parse_responses(body: object) -> GenerateRequest:
         top_logprobs=top_logprobs,
         logprobs=logprobs,
     )
-    stream, _ = _streaming(obj, options_known=dict.fromkeys(["include_obfuscation"]))
+    stream, _ = streaming(obj, options_known=dict.fromkeys(["include_obfuscation"]))
     return GenerateRequest(model, ChatPrompt(messages), params, stream, fmt)
 
 

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import trio
 
-from skulk.api import _anthropic, _ollama, _openai_parse, _responses, create_app
+from skulk.api import _anthropic, _ollama, _openai_messages, _responses, create_app
 from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._cluster_routes import parse_placement
 from skulk.api._diagnostic_routes import parse_timeline_query
@@ -138,12 +138,12 @@ def props_of(schema: dict[str, Any]) -> set[str]:
 
 def test_chat_message_schemas_match_the_parser_keys() -> None:
     user, assistant, tool = components()["ChatMessage"]["anyOf"]
-    keys = _openai_parse._MESSAGE_KEYS
+    keys = _openai_messages._MESSAGE_KEYS
     assert props_of(user) == set(keys["user"]) == set(keys["system"])
     assert props_of(assistant) == set(keys["assistant"])
     assert props_of(tool) == set(keys["tool"])
     part = user["properties"]["content"]["anyOf"][1]["items"]
-    assert props_of(part) == set(_openai_parse._TEXT_PART_KEYS)
+    assert props_of(part) == set(_openai_messages._TEXT_PART_KEYS)
 
 
 def test_nested_schemas_match_the_parser_keys() -> None:
