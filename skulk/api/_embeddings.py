@@ -26,8 +26,9 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from skulk.api._errors import ApiError
+from skulk.api._fields import check_type, model_name
 from skulk.api._http_errors import json_response
-from skulk.api._ollama import _COMMON_HONOURED, _check_type, _keep_alive, _model, parse_options
+from skulk.api._ollama_parse import COMMON_HONOURED, keep_alive, parse_options
 from skulk.api._schema import INFORMATIONAL, Schema, honoured, typed
 from skulk.api._stream import ROUTING_ERRORS, SERVING_ERRORS, routing_error, serving_error_for
 from skulk.routing import Route, Router
@@ -70,7 +71,7 @@ OPENAI_FIELDS: dict[str, Schema] = {
     "user": typed([str], INFORMATIONAL),
 }
 OLLAMA_FIELDS: dict[str, Schema] = {
-    "model": _COMMON_HONOURED["model"],
+    "model": COMMON_HONOURED["model"],
     "input": honoured(
         f"A string or an array of strings (at most {MAX_INPUTS}).",
         anyOf=[_TEXT, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": _TEXT}],
@@ -79,15 +80,15 @@ OLLAMA_FIELDS: dict[str, Schema] = {
         "Cut an input longer than the context to it (the default) instead of a 400.",
         type=["boolean", "null"],
     ),
-    "options": _COMMON_HONOURED["options"],
-    "keep_alive": _COMMON_HONOURED["keep_alive"],
+    "options": COMMON_HONOURED["options"],
+    "keep_alive": COMMON_HONOURED["keep_alive"],
     "dimensions": _DIMENSIONS,
 }
 OLLAMA_LEGACY_FIELDS: dict[str, Schema] = {
-    "model": _COMMON_HONOURED["model"],
+    "model": COMMON_HONOURED["model"],
     "prompt": honoured("The text to embed.", **_TEXT),
-    "options": _COMMON_HONOURED["options"],
-    "keep_alive": _COMMON_HONOURED["keep_alive"],
+    "options": COMMON_HONOURED["options"],
+    "keep_alive": COMMON_HONOURED["keep_alive"],
 }
 _OPENAI_FIELDS = frozenset(OPENAI_FIELDS)
 _OLLAMA_FIELDS = frozenset(OLLAMA_FIELDS)
@@ -177,22 +178,22 @@ def parse_openai(body: object) -> tuple[str, tuple[EmbedInput, ...], bool]:
 def parse_ollama(body: object) -> tuple[str, tuple[EmbedInput, ...], bool]:
     """A ``POST /api/embed`` body: the model, the inputs and ``truncate``."""
     obj = _object(body, _OLLAMA_FIELDS)
-    model = _model(obj)
+    model = model_name(obj)
     raw = obj.get("input")
     if raw is None:
         raise ApiError.missing("input")
     if isinstance(raw, str):
         inputs: tuple[EmbedInput, ...] = (_text(raw, "input"),)
     else:
-        _check_type("input", raw, "array")
+        check_type("input", raw, "array")
         assert isinstance(raw, list)
         inputs = _bounded([_text(item, f"input[{i}]") for i, item in enumerate(raw)])
     truncate = obj.get("truncate")
     if truncate is None:
         truncate = True
-    _check_type("truncate", truncate, "boolean")
+    check_type("truncate", truncate, "boolean")
     parse_options(obj.get("options"))  # checked as everywhere; nothing here samples
-    _keep_alive(obj.get("keep_alive"))
+    keep_alive(obj.get("keep_alive"))
     if obj.get("dimensions") is not None:
         raise ApiError.unsupported("dimensions", obj["dimensions"])
     return model, inputs, bool(truncate)
@@ -201,12 +202,12 @@ def parse_ollama(body: object) -> tuple[str, tuple[EmbedInput, ...], bool]:
 def parse_ollama_legacy(body: object) -> tuple[str, TextPrompt]:
     """A ``POST /api/embeddings`` body (Ollama's older route): the model and its ``prompt``."""
     obj = _object(body, _OLLAMA_LEGACY_FIELDS)
-    model = _model(obj)
+    model = model_name(obj)
     raw = obj.get("prompt")
     if raw is None:
         raise ApiError.missing("prompt")
     parse_options(obj.get("options"))
-    _keep_alive(obj.get("keep_alive"))
+    keep_alive(obj.get("keep_alive"))
     return model, _text(raw, "prompt")
 
 

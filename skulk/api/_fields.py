@@ -24,7 +24,7 @@ float (even ``2.0``) is refused where an integer is expected. Every reader raise
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import TypeGuard
 
 import attrs
@@ -185,14 +185,14 @@ def as_object(value: object, param: str) -> dict[str, object]:
     return value
 
 
-def reject_unknown(keys: Iterable[object], known: Mapping[str, object], prefix: str = "") -> None:
+def reject_unknown(keys: Iterable[object], known: Container[object], prefix: str = "") -> None:
     """400 ``unknown_parameter`` for the first of ``keys`` not in ``known``."""
     for key in keys:
         if key not in known:
             raise ApiError.unknown_parameter(f"{prefix}{key}")
 
 
-def checked_body(value: object, known: Mapping[str, object]) -> dict[str, object]:
+def checked_body(value: object, known: Container[object]) -> dict[str, object]:
     """A request body: a JSON object (else 400 ``invalid_body``) with no field beyond
     ``known``."""
     if not isinstance(value, dict):

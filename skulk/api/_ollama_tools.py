@@ -58,8 +58,8 @@ def call_objects(calls: list[Call]) -> list[dict[str, object]]:
 @attrs.define
 class ToolsRenderer:
     """See the module docstring. ``line(text)`` and ``last(end, text)`` make the format's
-    lines (:func:`skulk.api._ollama.delta` and :func:`~skulk.api._ollama.final` bound to the
-    request); ``failure_line`` its error line."""
+    lines (:func:`skulk.api._ollama_format.delta` and :func:`~skulk.api._ollama_format.final`
+    bound to the request); ``failure_line`` its error line."""
 
     line: Callable[[str], dict[str, object]]
     last: Callable[[Generation, str], dict[str, object]]

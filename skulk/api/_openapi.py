@@ -22,11 +22,18 @@ import functools
 from collections.abc import Iterable, Mapping
 
 from skulk import __version__
-from skulk.api import _anthropic, _embeddings, _ollama, _openai_messages, _openai_parse, _responses
+from skulk.api import (
+    _anthropic,
+    _embeddings,
+    _ollama_parse,
+    _openai_messages,
+    _openai_parse,
+    _responses,
+)
 from skulk.api._cluster_routes import _PLACEMENT_FIELDS
 from skulk.api._diagnostic_routes import _TIMELINE_PARAMS
 from skulk.api._error_formats import OLLAMA_PREFIX
-from skulk.api._fields import STREAM_OPTIONS_NEED_STREAM
+from skulk.api._fields import STREAM_OPTIONS_NEED_STREAM, Check
 from skulk.api._openapi_answers import (
     ANSWERS,
     EVENTS,
@@ -43,22 +50,19 @@ from skulk.api._schema import Schema, obj, ref
 from skulk.models import DEMO_MODEL_ID
 
 
-def fields(honoured: Mapping[str, Schema], *checks: Mapping[str, object]) -> dict[str, Schema]:
-    """A body's properties: the honoured fields' schemas, then each rule's ``schema`` (the
-    no-op and informational tables; a rule is a :class:`~skulk.api._fields.Check`)."""
+def fields(honoured: Mapping[str, Schema], *checks: Mapping[str, Check]) -> dict[str, Schema]:
+    """A body's properties: the honoured fields' schemas, then each check's ``schema`` (the
+    no-op and informational tables, :class:`~skulk.api._fields.Check`)."""
     props = dict(honoured)
     for table in checks:
-        for name, rule in table.items():
-            schema = getattr(rule, "schema", None)
-            if not isinstance(schema, dict):
-                raise TypeError(f"field {name!r} has no JSON Schema")
-            props.setdefault(name, schema)
+        for name, check in table.items():
+            props.setdefault(name, check.schema)
     return props
 
 
 def request_bodies() -> dict[str, tuple[dict[str, Schema], tuple[str, ...]]]:
     """Each JSON-body route's properties and required fields, from the parsers' tables."""
-    oa, an, ol = _openai_parse, _anthropic, _ollama
+    oa, an, ol = _openai_parse, _anthropic, _ollama_parse
     return {
         "/v1/chat/completions": (
             fields(oa._CHAT_HONOURED, oa._CHAT_NO_OPS, oa._CHAT_INFO),
@@ -177,8 +181,8 @@ _CROSS_FIELD: dict[str, list[Schema]] = {
     "/v1/chat/completions": [STREAM_OPTIONS_NEED_STREAM],
     "/v1/completions": [STREAM_OPTIONS_NEED_STREAM],
     "/v1/responses": [STREAM_OPTIONS_NEED_STREAM],
-    "/api/generate": [_ollama.RAW_HAS_NO_SYSTEM],
-    "/api/show": [_ollama.SHOW_NEEDS_A_MODEL],
+    "/api/generate": [_ollama_parse.RAW_HAS_NO_SYSTEM],
+    "/api/show": [_ollama_parse.SHOW_NEEDS_A_MODEL],
 }
 
 
@@ -410,7 +414,7 @@ def openapi_document(*, cluster: bool = True, timeline: bool = True) -> dict[str
         _openai_messages.SCHEMAS,
         _responses.SCHEMAS,
         _anthropic.SCHEMAS,
-        _ollama.SCHEMAS,
+        _ollama_parse.SCHEMAS,
         ANSWERS,
     ):
         schemas.update(module_schemas)

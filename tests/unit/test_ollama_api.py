@@ -11,11 +11,11 @@ import pytest
 import trio
 
 from skulk.api._errors import ApiError
-from skulk.api._ollama import (
+from skulk.api._ollama_format import Clock
+from skulk.api._ollama_parse import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
-    Clock,
     parse_chat,
     parse_generate,
     parse_options,

@@ -19,13 +19,13 @@ import jsonschema
 import pytest
 import trio
 
-from skulk.api import _anthropic, _ollama, _openai_messages, _responses, create_app
+from skulk.api import _anthropic, _ollama_parse, _openai_messages, _responses, create_app
 from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._cluster_routes import parse_placement
 from skulk.api._diagnostic_routes import parse_timeline_query
 from skulk.api._embeddings import parse_ollama, parse_ollama_legacy, parse_openai
 from skulk.api._errors import ApiError
-from skulk.api._ollama import parse_chat, parse_generate, parse_options, parse_show
+from skulk.api._ollama_parse import parse_chat, parse_generate, parse_options, parse_show
 from skulk.api._openai_parse import parse_chat_completions, parse_completions
 from skulk.api._openapi import openapi_document, request_bodies
 from skulk.api._openapi_answers import NDJSON, SSE
@@ -154,7 +154,7 @@ def test_nested_schemas_match_the_parser_keys() -> None:
     assert props_of(schemas["OutputText"]) == set(_responses._PART_KEYS["output_text"])
     assert props_of(schemas["Message"]) == set(_anthropic._MESSAGE_KEYS)
     assert props_of(schemas["TextBlock"]) == set(_anthropic._TEXT_BLOCK_KEYS)
-    assert props_of(schemas["OllamaMessage"]) == set(_ollama._MESSAGE_KEYS)
+    assert props_of(schemas["OllamaMessage"]) == set(_ollama_parse._MESSAGE_KEYS)
 
 
 def test_ollama_options_are_exactly_the_documented_ones() -> None:
