@@ -29,7 +29,7 @@ from skulk.api._json_body import LARGE_BODY, MAX_BODY, parse_json_body
 from skulk.api._ollama_routes import install_ollama_routes
 from skulk.api._openai import ApiError, parse_chat_completions, parse_completions
 from skulk.api._openapi import openapi_document
-from skulk.api._responses import parse_responses
+from skulk.api._responses_parse import parse_responses
 from skulk.api._stream import (
     ROUTING_ERRORS,
     Items,

@@ -54,8 +54,8 @@ from skulk.api._fields import (
     stop_string,
     streaming,
 )
-from skulk.api._openai_format import OpenAIFormat
 from skulk.api._openai_messages import parse_messages
+from skulk.api._openai_render import OpenAIFormat
 from skulk.api._openai_tools import ToolsFormat, parse_tool_choice, parse_tools
 from skulk.api._request import Format, GenerateRequest
 from skulk.api._schema import Schema, honoured, obj, ref

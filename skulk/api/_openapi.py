@@ -28,7 +28,7 @@ from skulk.api import (
     _ollama_parse,
     _openai_messages,
     _openai_parse,
-    _responses,
+    _responses_parse,
 )
 from skulk.api._cluster_routes import _PLACEMENT_FIELDS
 from skulk.api._diagnostic_routes import _TIMELINE_PARAMS
@@ -73,7 +73,7 @@ def request_bodies() -> dict[str, tuple[dict[str, Schema], tuple[str, ...]]]:
             ("model", "prompt"),
         ),
         "/v1/responses": (
-            fields(_responses._HONOURED, _responses._NO_OPS, _responses._INFO),
+            fields(_responses_parse._HONOURED, _responses_parse._NO_OPS, _responses_parse._INFO),
             ("model", "input"),
         ),
         "/v1/messages": (
@@ -412,7 +412,7 @@ def openapi_document(*, cluster: bool = True, timeline: bool = True) -> dict[str
     schemas: dict[str, Schema] = {}
     for module_schemas in (
         _openai_messages.SCHEMAS,
-        _responses.SCHEMAS,
+        _responses_parse.SCHEMAS,
         _anthropic.SCHEMAS,
         _ollama_parse.SCHEMAS,
         ANSWERS,

@@ -16,7 +16,7 @@ from openai.types.responses import response_create_params
 from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._errors import ApiError
 from skulk.api._request import GenerateRequest
-from skulk.api._responses import parse_responses
+from skulk.api._responses_parse import parse_responses
 from skulk.runner.protocol import TO_RUNNER
 from skulk.wire.runner import Generate
 from tests.unit.test_openai_schema import FAST, field_values, json_values, mostly

@@ -14,7 +14,8 @@ import pytest
 
 from skulk.api._errors import ApiError
 from skulk.api._request import GenerateRequest
-from skulk.api._responses import ResponsesFormat, parse_responses
+from skulk.api._responses_format import ResponsesFormat
+from skulk.api._responses_parse import parse_responses
 from skulk.api._sse import sse_frame
 from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, Usage
 from skulk.worker import Generation, RequestFailure

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import trio
 
-from skulk.api import _anthropic, _ollama_parse, _openai_messages, _responses, create_app
+from skulk.api import _anthropic, _ollama_parse, _openai_messages, _responses_parse, create_app
 from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._cluster_routes import parse_placement
 from skulk.api._diagnostic_routes import parse_timeline_query
@@ -29,7 +29,7 @@ from skulk.api._ollama_parse import parse_chat, parse_generate, parse_options, p
 from skulk.api._openai_parse import parse_chat_completions, parse_completions
 from skulk.api._openapi import openapi_document, request_bodies
 from skulk.api._openapi_answers import NDJSON, SSE
-from skulk.api._responses import parse_responses
+from skulk.api._responses_parse import parse_responses
 from skulk.routing import Admission, Router
 from tests.unit.test_api_edge import FakeNode, FakeService, app_for
 
@@ -149,9 +149,9 @@ def test_chat_message_schemas_match_the_parser_keys() -> None:
 def test_nested_schemas_match_the_parser_keys() -> None:
     schemas = components()
     for branch in schemas["InputMessage"]["anyOf"]:
-        assert props_of(branch) == set(_responses._MESSAGE_KEYS)
-    assert props_of(schemas["InputText"]) == set(_responses._PART_KEYS["input_text"])
-    assert props_of(schemas["OutputText"]) == set(_responses._PART_KEYS["output_text"])
+        assert props_of(branch) == set(_responses_parse._MESSAGE_KEYS)
+    assert props_of(schemas["InputText"]) == set(_responses_parse._PART_KEYS["input_text"])
+    assert props_of(schemas["OutputText"]) == set(_responses_parse._PART_KEYS["output_text"])
     assert props_of(schemas["Message"]) == set(_anthropic._MESSAGE_KEYS)
     assert props_of(schemas["TextBlock"]) == set(_anthropic._TEXT_BLOCK_KEYS)
     assert props_of(schemas["OllamaMessage"]) == set(_ollama_parse._MESSAGE_KEYS)

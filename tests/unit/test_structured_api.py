@@ -8,7 +8,7 @@ import pytest
 
 from skulk.api._errors import ApiError
 from skulk.api._openai_parse import parse_chat_completions
-from skulk.api._responses import parse_responses
+from skulk.api._responses_parse import parse_responses
 from skulk.api._structured import CHECK_HERE_BYTES, ollama_format, openai_response_format
 from skulk.grammar import JSON_OBJECT_SCHEMA
 from skulk.wire.runner import Usage
