@@ -30,6 +30,7 @@ from skulk.api._fields import check_type, model_name
 from skulk.api._http_errors import json_response
 from skulk.api._ollama_parse import COMMON_HONOURED, keep_alive, parse_options
 from skulk.api._schema import INFORMATIONAL, Schema, honoured, typed
+from skulk.api._serving import routed
 from skulk.api._stream import ROUTING_ERRORS, SERVING_ERRORS, routing_error, serving_error_for
 from skulk.routing import Route, Router
 from skulk.wire.runner import EmbedInput, TextPrompt, TokenIds
@@ -249,7 +250,7 @@ def install_embedding_routes(app: QuartTrio, router: Router, body: Body) -> None
     async def openai_embeddings() -> Response:
         model, inputs, as_base64 = parse_openai(await body())
         route, done = await embed(model, inputs, False, "input")
-        return _routed(json_response(openai_response(model, done, as_base64), 200), route)
+        return routed(json_response(openai_response(model, done, as_base64), 200), route)
 
     @app.post("/api/embed")
     async def ollama_embed() -> Response:
@@ -263,16 +264,10 @@ def install_embedding_routes(app: QuartTrio, router: Router, body: Body) -> None
             "load_duration": 0,
             "prompt_eval_count": done.prompt_tokens,
         }
-        return _routed(json_response(answer, 200), route)
+        return routed(json_response(answer, 200), route)
 
     @app.post("/api/embeddings")
     async def ollama_embeddings() -> Response:
         model, prompt = parse_ollama_legacy(await body())
         route, done = await embed(model, (prompt,), True, "prompt")
-        return _routed(json_response({"embedding": list(done.vectors[0])}, 200), route)
-
-
-def _routed(response: Response, route: Route) -> Response:
-    response.headers["x-skulk-instance"] = route.instance
-    response.headers["x-skulk-node"] = route.node
-    return response
+        return routed(json_response({"embedding": list(done.vectors[0])}, 200), route)

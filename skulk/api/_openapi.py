@@ -21,6 +21,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 
+from quart import Response
+from quart_trio import QuartTrio
+
 from skulk import __version__
 from skulk.api import (
     _anthropic,
@@ -34,6 +37,7 @@ from skulk.api._cluster_routes import _PLACEMENT_FIELDS
 from skulk.api._diagnostic_routes import _TIMELINE_PARAMS
 from skulk.api._error_formats import OLLAMA_PREFIX
 from skulk.api._fields import STREAM_OPTIONS_NEED_STREAM, Check
+from skulk.api._http_errors import json_response
 from skulk.api._openapi_answers import (
     ANSWERS,
     EVENTS,
@@ -441,3 +445,13 @@ def openapi_document(*, cluster: bool = True, timeline: bool = True) -> dict[str
             },
         },
     }
+
+
+def install_openapi_route(app: QuartTrio, *, cluster: bool, timeline: bool) -> None:
+    """Add ``GET /openapi.json`` to ``app``: the document of the routes installed there
+    (``cluster``: the cluster routes; ``timeline``: the timeline route), behind the key when
+    keys are set."""
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return json_response(openapi_document(cluster=cluster, timeline=timeline), 200)
