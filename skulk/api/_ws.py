@@ -31,8 +31,9 @@ from quart import websocket
 from quart_trio import QuartTrio
 
 from skulk.api._choices import choice_count, open_choices
+from skulk.api._errors import ApiError
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, check_json_value
-from skulk.api._openai import ApiError, parse_chat_completions
+from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._stream import Items, Opened, Request, open_stream
 from skulk.routing import Route
 
