@@ -25,9 +25,14 @@ Why **llguidance** (not xgrammar, not outlines-core):
   released.
 
 Its one departure from JSON Schema that clients may notice: object properties are produced in
-the order the schema lists them. Output is compact JSON with Python's separators (``", "``,
-``": "``) and no other whitespace, so a weak model cannot loop on whitespace and every instance
-of a bounded schema has a bounded length.
+the order the schema lists them. Ours (:func:`closed_objects`, as llama.cpp's JSON-schema
+grammars do): an object schema that lists ``properties`` and does not mention
+``additionalProperties`` admits no other key, since a weak model given the freedom writes made-up
+keys until its token budget runs out; an explicit ``true`` or sub-schema is honoured.
+
+Output is compact JSON with Python's separators (``", "``, ``": "``) and no other whitespace, so
+a weak model cannot loop on whitespace and every instance of a bounded schema has a bounded
+length.
 
 This module is pure (no mlx): the API imports it to refuse a schema with a 400 before a request
 is queued, and the runner uses the same options to compile it.
@@ -35,6 +40,7 @@ is queued, and the runner uses the same options to compile it.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import deque
@@ -113,13 +119,15 @@ def check_schema(schema: object, param: str = "schema") -> None:
 
 def schema_text(schema: object, param: str = "schema") -> str:
     """``schema`` as the compact JSON text the runner receives (key order kept: it is the
-    order properties are produced in). Raises :class:`SchemaRefused` for a value that is not a
-    JSON object, or one over the size or depth caps."""
+    order properties are produced in), its objects closed (:func:`closed_objects`). Raises
+    :class:`SchemaRefused` for a value that is not a JSON object, or one over the size or depth
+    caps."""
     if not isinstance(schema, dict):
         raise SchemaRefused(param, "invalid", "a schema must be a JSON object")
     depth = _depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
         raise SchemaRefused(param, "too_deep", f"nested {depth} levels, at most {MAX_SCHEMA_DEPTH}")
+    schema = closed_objects(schema)
     try:
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:  # NaN, or a value json.loads cannot produce
@@ -131,6 +139,63 @@ def schema_text(schema: object, param: str = "schema") -> str:
     if size > MAX_SCHEMA_BYTES:
         raise SchemaRefused(param, "too_large", f"{size} bytes, at most {MAX_SCHEMA_BYTES}")
     return text
+
+
+def closed_objects(schema: dict[str, object]) -> dict[str, object]:
+    """A copy of ``schema`` in which every object schema that lists ``properties`` and does not
+    mention ``additionalProperties`` has ``additionalProperties: false``, at every level
+    (properties, items, ``anyOf``/``oneOf``/``allOf`` branches, ``$defs``, …). An explicit
+    ``true`` or sub-schema is kept; a schema without ``properties`` (``{"type": "object"}``:
+    any object) stays open.
+
+    ``allOf`` composes one object from several: closing each branch would forbid the keys the
+    others add, so its branches (and the local ``$defs`` they ``$ref``) stay as written and the
+    schema holding the ``allOf`` is closed over all of their properties instead (each listed in
+    its ``properties`` as ``{}``, after its own), as llama.cpp merges them."""
+    schema = copy.deepcopy(schema)
+    branches: set[int] = set()  # id() of the allOf branches, and of the $defs they refer to
+    unions: dict[int, list[str]] = {}  # id() of a schema holding allOf: its branches' keys
+    for _, node in _subschemas(schema):
+        parts = node.get("allOf")
+        if not isinstance(parts, list):
+            continue
+        names: list[str] = []
+        for part in parts:
+            target = _local_ref(schema, part)
+            for branch in (part, target):
+                if isinstance(branch, dict):
+                    branches.add(id(branch))
+                    props = branch.get("properties")
+                    if isinstance(props, dict):
+                        names.extend(str(n) for n in props if n not in names)
+        if names:
+            unions[id(node)] = names
+    for _, node in _subschemas(schema):
+        if id(node) in branches or "additionalProperties" in node:
+            continue
+        props = node.get("properties")
+        names = unions.get(id(node), [])
+        if names and (props is None or isinstance(props, dict)):
+            own = dict(props or {})
+            node["properties"] = {**own, **{n: {} for n in names if n not in own}}
+        elif not isinstance(props, dict):
+            continue
+        node["additionalProperties"] = False
+    return schema
+
+
+def _local_ref(schema: dict[str, object], node: object) -> object:
+    """The subschema a local ``{"$ref": "#/$defs/Name"}`` (or ``#/definitions/``) points to,
+    else ``None``."""
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if not isinstance(ref, str):
+        return None
+    for where in ("$defs", "definitions"):
+        prefix = f"#/{where}/"
+        defs = schema.get(where)
+        if ref.startswith(prefix) and isinstance(defs, dict):
+            return defs.get(ref.removeprefix(prefix).replace("~1", "/").replace("~0", "~"))
+    return None
 
 
 def tool_call_schema(tools: Mapping[str, object]) -> dict[str, object]:

@@ -1,4 +1,16 @@
-"""The HTTP API (Quart-Trio on Hypercorn): OpenAI-compatible routes and a WebSocket stream."""
+"""The HTTP API (Quart-Trio on Hypercorn): every client format, through the router, to any
+model of the cluster.
+
+Entry points: :func:`create_app` builds a node's app (each route family installs itself:
+OpenAI Chat Completions, Completions and Responses, Anthropic Messages, Ollama, embeddings,
+the ``/v1/ws`` WebSocket, health and diagnostics, the cluster routes, ``/openapi.json``);
+:func:`envelope_hypercorn_errors` makes Hypercorn's own protocol errors the JSON envelope;
+:func:`exposure_warning` says when a node listens beyond loopback without API keys.
+
+Inside, the formats are sans-IO parsers and renderers sharing one field-check kit
+(``_fields``), one error type (``_errors.ApiError``), SSE framing (``_sse``) and one
+format-neutral stream driver (``_stream``).
+"""
 
 from skulk.api._app import create_app
 from skulk.api._auth import exposure_warning

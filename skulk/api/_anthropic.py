@@ -42,28 +42,28 @@ import attrs
 
 from skulk.api._anthropic_tools import ToolsFormat, parse_tool_choice, parse_tools, tool_blocks
 from skulk.api._error_formats import anthropic_envelope
-from skulk.api._openai_errors import ApiError, _show
-from skulk.api._openai_parse import (
-    _MODEL,
-    _NULL_ONLY,
-    _SAMPLING,
-    _STOP_STRING,
-    _STRING,
-    _body,
-    _Check,
-    _info,
-    _message_list,
-    _model,
-    _object,
-    _only,
-    _opt_bool,
-    _opt_int,
-    _opt_number,
-    _reject_unknown,
-    _required_str,
-    _run_checks,
-    _stop_list,
-    _typed_part,
+from skulk.api._errors import ApiError, show
+from skulk.api._fields import (
+    MODEL,
+    NULL_ONLY,
+    SAMPLING,
+    STOP_STRING,
+    STRING,
+    Check,
+    as_object,
+    checked_body,
+    info,
+    message_list,
+    model_name,
+    only,
+    opt_bool,
+    opt_int,
+    opt_number,
+    reject_unknown,
+    required_str,
+    run_checks,
+    stop_list,
+    typed_part,
 )
 from skulk.api._request import Event, GenerateRequest
 from skulk.api._schema import Schema, honoured, obj, ref, typed
@@ -82,49 +82,49 @@ AnthropicStopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
 def _check_metadata(param: str, value: object) -> None:
     if value is None:
         return
-    metadata = _object(value, param)
-    _reject_unknown(metadata, dict.fromkeys(["user_id"]), f"{param}.")
-    _STRING(f"{param}.user_id", metadata.get("user_id"))
+    metadata = as_object(value, param)
+    reject_unknown(metadata, dict.fromkeys(["user_id"]), f"{param}.")
+    STRING(f"{param}.user_id", metadata.get("user_id"))
 
 
-_METADATA = _Check(
+_METADATA = Check(
     _check_metadata,
     {
-        "anyOf": [obj({"user_id": _STRING.schema}), {"type": "null"}],
+        "anyOf": [obj({"user_id": STRING.schema}), {"type": "null"}],
         "description": "Informational: accepted, changes nothing that is generated.",
     },
 )
 
 #: Fields both routes take, accepted only with their no-op value.
-_COMMON_NO_OPS: dict[str, _Check] = {
-    "thinking": _only({"type": "disabled"}, types=(dict,), expected="an object"),
-    "mcp_servers": _only([], types=(list,), expected="an array"),
-    "context_management": _NULL_ONLY,
-    "output_config": _only({}, types=(dict,), expected="an object"),
-    "speed": _only("standard", types=(str,), expected="a string"),
+_COMMON_NO_OPS: dict[str, Check] = {
+    "thinking": only({"type": "disabled"}, kind="object"),
+    "mcp_servers": only([], kind="array"),
+    "context_management": NULL_ONLY,
+    "output_config": only({}, kind="object"),
+    "speed": only("standard", kind="string"),
 }
-_MESSAGES_NO_OPS: dict[str, _Check] = {
+_MESSAGES_NO_OPS: dict[str, Check] = {
     **_COMMON_NO_OPS,
-    "container": _NULL_ONLY,
-    "diagnostics": _NULL_ONLY,
+    "container": NULL_ONLY,
+    "diagnostics": NULL_ONLY,
 }
 #: Fields that do not change what is generated (caching hints, scheduling, accounting).
-_COMMON_INFO: dict[str, _Check] = {
-    "cache_control": _info((dict,), "an object"),
-    "user_profile_id": _STRING,
-    "workspace_id": _STRING,
+_COMMON_INFO: dict[str, Check] = {
+    "cache_control": info("object"),
+    "user_profile_id": STRING,
+    "workspace_id": STRING,
 }
-_MESSAGES_INFO: dict[str, _Check] = {
+_MESSAGES_INFO: dict[str, Check] = {
     **_COMMON_INFO,
     "metadata": _METADATA,
-    "service_tier": _only("auto", "standard_only", types=(str,), expected="a string"),
-    "inference_geo": _STRING,
+    "service_tier": only("auto", "standard_only", kind="string"),
+    "inference_geo": STRING,
 }
 
 _TEXT_OR_BLOCKS: list[Schema] = [{"type": "string"}, {"type": "array", "items": ref("TextBlock")}]
 #: The prompt's fields, which both routes take, and the JSON Schema of what each accepts.
 _PROMPT_HONOURED: dict[str, Schema] = {
-    "model": _MODEL,
+    "model": MODEL,
     "messages": honoured(
         "The conversation, ending with a user turn (a final assistant turn, prefill, is refused).",
         type="array",
@@ -175,7 +175,7 @@ _MESSAGES_HONOURED: dict[str, Schema] = {
     "stop_sequences": honoured(
         f"Up to {MAX_STOP_SEQUENCES}; generation ends before one, which is not emitted.",
         type=["array", "null"],
-        items=_STOP_STRING,
+        items=STOP_STRING,
         maxItems=MAX_STOP_SEQUENCES,
     ),
     "temperature": honoured(
@@ -184,8 +184,8 @@ _MESSAGES_HONOURED: dict[str, Schema] = {
         minimum=0,
         maximum=1,
     ),
-    "top_p": _SAMPLING["top_p"],
-    "top_k": _SAMPLING["top_k"],
+    "top_p": SAMPLING["top_p"],
+    "top_k": SAMPLING["top_k"],
     "stream": honoured("Named server-sent events (text/event-stream).", type=["boolean", "null"]),
 }
 _MESSAGES_FIELDS: dict[str, object] = dict.fromkeys(
@@ -218,10 +218,10 @@ SCHEMAS: dict[str, Schema] = {
 
 
 def _text_block(raw: object, param: str) -> str:
-    _, block = _typed_part(raw, param, {"text": _TEXT_BLOCK_KEYS}, '"text" blocks')
-    _info((dict,), "an object")(f"{param}.cache_control", block.get("cache_control"))
-    _only([], types=(list,), expected="an array")(f"{param}.citations", block.get("citations"))
-    return _required_str(block, "text", param)
+    _, block = typed_part(raw, param, {"text": _TEXT_BLOCK_KEYS}, '"text" blocks')
+    info("object")(f"{param}.cache_control", block.get("cache_control"))
+    only([], kind="array")(f"{param}.citations", block.get("citations"))
+    return required_str(block, "text", param)
 
 
 def _text(value: object, param: str) -> str:
@@ -234,15 +234,15 @@ def _text(value: object, param: str) -> str:
 
 
 def _message(raw: object, param: str) -> list[ChatMessage]:
-    message = _object(raw, param)
-    role = _required_str(message, "role", param)
+    message = as_object(raw, param)
+    role = required_str(message, "role", param)
     if role not in ("user", "assistant"):
         raise ApiError.invalid(
             f"{param}.role",
-            f"Invalid value for '{param}.role': {_show(role)}; expected \"user\" or "
+            f"Invalid value for '{param}.role': {show(role)}; expected \"user\" or "
             '"assistant" (the system prompt is the top-level "system" field).',
         )
-    _reject_unknown(message, _MESSAGE_KEYS, f"{param}.")
+    reject_unknown(message, _MESSAGE_KEYS, f"{param}.")
     content = message.get("content")
     if content is None:
         raise ApiError.missing(f"{param}.content")
@@ -254,7 +254,7 @@ def _message(raw: object, param: str) -> list[ChatMessage]:
 
 
 def _prompt(body: Mapping[str, object]) -> ChatPrompt:
-    raw = _message_list(body)
+    raw = message_list(body)
     messages = [t for i, m in enumerate(raw) for t in _message(m, f"messages[{i}]")]
     if messages[-1].role == "assistant":
         last = f"messages[{len(messages) - 1}].role"
@@ -285,7 +285,7 @@ def _stop_sequences(body: Mapping[str, object]) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list):
         raise ApiError.invalid_type("stop_sequences", "an array of strings", value)
-    return _stop_list(value, "stop_sequences", MAX_STOP_SEQUENCES)
+    return stop_list(value, "stop_sequences", MAX_STOP_SEQUENCES)
 
 
 def parse_messages(body: object) -> GenerateRequest:
@@ -295,17 +295,17 @@ def parse_messages(body: object) -> GenerateRequest:
     in a fixed order (unknown fields, model, messages and system, max_tokens, no-op fields,
     sampling, streaming).
     """
-    obj = _body(body, _MESSAGES_FIELDS)
-    model = _model(obj)
+    obj = checked_body(body, _MESSAGES_FIELDS)
+    model = model_name(obj)
     prompt, choice, tools = _tools(obj, _prompt(obj))
     if obj.get("max_tokens") is None:
         raise ApiError.missing("max_tokens")
-    max_tokens = _opt_int(obj, "max_tokens", lo=1)
-    _run_checks(obj, _MESSAGES_NO_OPS)
-    _run_checks(obj, _MESSAGES_INFO)
-    temperature = _opt_number(obj, "temperature", lo=0, hi=1)
-    top_p = _opt_number(obj, "top_p", lo=0, hi=1, lo_open=True)
-    top_k = _opt_int(obj, "top_k", lo=0)
+    max_tokens = opt_int(obj, "max_tokens", lo=1)
+    run_checks(obj, _MESSAGES_NO_OPS)
+    run_checks(obj, _MESSAGES_INFO)
+    temperature = opt_number(obj, "temperature", lo=0, hi=1)
+    top_p = opt_number(obj, "top_p", lo=0, hi=1, lo_open=True)
+    top_k = opt_int(obj, "top_k", lo=0)
     params = SamplingParams(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
@@ -313,7 +313,7 @@ def parse_messages(body: object) -> GenerateRequest:
         max_tokens=max_tokens,
         stop=_stop_sequences(obj),
     )
-    stream = bool(_opt_bool(obj, "stream"))
+    stream = bool(opt_bool(obj, "stream"))
     if choice == "none":
         return GenerateRequest(model, prompt, params, stream, AnthropicFormat())
     params = forced_params(params, tools, choice, "tools")
@@ -331,11 +331,11 @@ def parse_count_tokens(body: object) -> GenerateRequest:
     request (no ``max_tokens`` and no sampling). Its prompt is counted by the runner, which
     renders and tokenizes it as for a generation (see
     :func:`skulk.api._stream.count_prompt_tokens`)."""
-    obj = _body(body, _COUNT_FIELDS)
-    model = _model(obj)
+    obj = checked_body(body, _COUNT_FIELDS)
+    model = model_name(obj)
     prompt, _, _ = _tools(obj, _prompt(obj))
-    _run_checks(obj, _COMMON_NO_OPS)
-    _run_checks(obj, _COMMON_INFO)
+    run_checks(obj, _COMMON_NO_OPS)
+    run_checks(obj, _COMMON_INFO)
     return GenerateRequest(model, prompt, COUNT_PARAMS, False, AnthropicFormat())
 
 

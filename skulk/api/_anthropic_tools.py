@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from skulk.api._error_formats import anthropic_envelope
-from skulk.api._openai_errors import ApiError, _show
+from skulk.api._errors import ApiError, show
 from skulk.api._request import Event
 from skulk.api._structured import check_name, optional
 from skulk.api._tool_calls import (
@@ -77,7 +77,7 @@ def parse_tool_choice(value: object, tools: Sequence[Tool], param: str = "tool_c
     if kind in ("auto", "none"):
         return str(kind) if tools else "none"
     if not tools:
-        raise ApiError.invalid(param, f"{param}: {_show(kind)} needs tools.")
+        raise ApiError.invalid(param, f"{param}: {show(kind)} needs tools.")
     if kind == "any":
         return "required"
     if kind == "tool":

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from quart import request, websocket
 from quart_trio import QuartTrio
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 
 #: Paths answered without a key.
 OPEN_PATHS = frozenset({"/health"})

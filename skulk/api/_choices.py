@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 import trio
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._request import Event
 from skulk.api._stream import SERVING_ERRORS, Items, Request, serving_error
 from skulk.wire.runner import GenerationEnd, SamplingParams, Usage

@@ -17,8 +17,8 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
+from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
-from skulk.api._openai import ApiError
 from skulk.api._schema import Schema, honoured
 from skulk.cluster import Instance, State
 from skulk.control import ClusterControl, ControlUnavailable

@@ -22,8 +22,8 @@ import math
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
-from skulk.api._openai import ApiError
 from skulk.api._schema import Schema, honoured
 from skulk.diagnostics import DEFAULT_LIMIT, MAX_LIMIT, ClusterTimeline, events_json
 

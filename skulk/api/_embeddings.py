@@ -25,10 +25,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from quart import Response
 from quart_trio import QuartTrio
 
+from skulk.api._errors import ApiError
+from skulk.api._fields import check_type, model_name
 from skulk.api._http_errors import json_response
-from skulk.api._ollama import _COMMON_HONOURED, _check_type, _keep_alive, _model, parse_options
-from skulk.api._openai_errors import ApiError
+from skulk.api._ollama_parse import COMMON_HONOURED, keep_alive, parse_options
 from skulk.api._schema import INFORMATIONAL, Schema, honoured, typed
+from skulk.api._serving import routed
 from skulk.api._stream import ROUTING_ERRORS, SERVING_ERRORS, routing_error, serving_error_for
 from skulk.routing import Route, Router
 from skulk.wire.runner import EmbedInput, TextPrompt, TokenIds
@@ -70,7 +72,7 @@ OPENAI_FIELDS: dict[str, Schema] = {
     "user": typed([str], INFORMATIONAL),
 }
 OLLAMA_FIELDS: dict[str, Schema] = {
-    "model": _COMMON_HONOURED["model"],
+    "model": COMMON_HONOURED["model"],
     "input": honoured(
         f"A string or an array of strings (at most {MAX_INPUTS}).",
         anyOf=[_TEXT, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": _TEXT}],
@@ -79,15 +81,15 @@ OLLAMA_FIELDS: dict[str, Schema] = {
         "Cut an input longer than the context to it (the default) instead of a 400.",
         type=["boolean", "null"],
     ),
-    "options": _COMMON_HONOURED["options"],
-    "keep_alive": _COMMON_HONOURED["keep_alive"],
+    "options": COMMON_HONOURED["options"],
+    "keep_alive": COMMON_HONOURED["keep_alive"],
     "dimensions": _DIMENSIONS,
 }
 OLLAMA_LEGACY_FIELDS: dict[str, Schema] = {
-    "model": _COMMON_HONOURED["model"],
+    "model": COMMON_HONOURED["model"],
     "prompt": honoured("The text to embed.", **_TEXT),
-    "options": _COMMON_HONOURED["options"],
-    "keep_alive": _COMMON_HONOURED["keep_alive"],
+    "options": COMMON_HONOURED["options"],
+    "keep_alive": COMMON_HONOURED["keep_alive"],
 }
 _OPENAI_FIELDS = frozenset(OPENAI_FIELDS)
 _OLLAMA_FIELDS = frozenset(OLLAMA_FIELDS)
@@ -177,22 +179,22 @@ def parse_openai(body: object) -> tuple[str, tuple[EmbedInput, ...], bool]:
 def parse_ollama(body: object) -> tuple[str, tuple[EmbedInput, ...], bool]:
     """A ``POST /api/embed`` body: the model, the inputs and ``truncate``."""
     obj = _object(body, _OLLAMA_FIELDS)
-    model = _model(obj)
+    model = model_name(obj)
     raw = obj.get("input")
     if raw is None:
         raise ApiError.missing("input")
     if isinstance(raw, str):
         inputs: tuple[EmbedInput, ...] = (_text(raw, "input"),)
     else:
-        _check_type("input", raw, "array")
+        check_type("input", raw, "array")
         assert isinstance(raw, list)
         inputs = _bounded([_text(item, f"input[{i}]") for i, item in enumerate(raw)])
     truncate = obj.get("truncate")
     if truncate is None:
         truncate = True
-    _check_type("truncate", truncate, "boolean")
+    check_type("truncate", truncate, "boolean")
     parse_options(obj.get("options"))  # checked as everywhere; nothing here samples
-    _keep_alive(obj.get("keep_alive"))
+    keep_alive(obj.get("keep_alive"))
     if obj.get("dimensions") is not None:
         raise ApiError.unsupported("dimensions", obj["dimensions"])
     return model, inputs, bool(truncate)
@@ -201,12 +203,12 @@ def parse_ollama(body: object) -> tuple[str, tuple[EmbedInput, ...], bool]:
 def parse_ollama_legacy(body: object) -> tuple[str, TextPrompt]:
     """A ``POST /api/embeddings`` body (Ollama's older route): the model and its ``prompt``."""
     obj = _object(body, _OLLAMA_LEGACY_FIELDS)
-    model = _model(obj)
+    model = model_name(obj)
     raw = obj.get("prompt")
     if raw is None:
         raise ApiError.missing("prompt")
     parse_options(obj.get("options"))
-    _keep_alive(obj.get("keep_alive"))
+    keep_alive(obj.get("keep_alive"))
     return model, _text(raw, "prompt")
 
 
@@ -248,7 +250,7 @@ def install_embedding_routes(app: QuartTrio, router: Router, body: Body) -> None
     async def openai_embeddings() -> Response:
         model, inputs, as_base64 = parse_openai(await body())
         route, done = await embed(model, inputs, False, "input")
-        return _routed(json_response(openai_response(model, done, as_base64), 200), route)
+        return routed(json_response(openai_response(model, done, as_base64), 200), route)
 
     @app.post("/api/embed")
     async def ollama_embed() -> Response:
@@ -262,16 +264,10 @@ def install_embedding_routes(app: QuartTrio, router: Router, body: Body) -> None
             "load_duration": 0,
             "prompt_eval_count": done.prompt_tokens,
         }
-        return _routed(json_response(answer, 200), route)
+        return routed(json_response(answer, 200), route)
 
     @app.post("/api/embeddings")
     async def ollama_embeddings() -> Response:
         model, prompt = parse_ollama_legacy(await body())
         route, done = await embed(model, (prompt,), True, "prompt")
-        return _routed(json_response({"embedding": list(done.vectors[0])}, 200), route)
-
-
-def _routed(response: Response, route: Route) -> Response:
-    response.headers["x-skulk-instance"] = route.instance
-    response.headers["x-skulk-node"] = route.node
-    return response
+        return routed(json_response({"embedding": list(done.vectors[0])}, 200), route)

@@ -1,6 +1,6 @@
 """Which error envelope a path answers in: each client format has its own.
 
-An :class:`~skulk.api._openai_errors.ApiError` is our format-neutral error (status, message,
+An :class:`~skulk.api._errors.ApiError` is our format-neutral error (status, message,
 offending parameter, code, type); :func:`render_error` shapes it for the route the client called:
 
 * Anthropic (``/v1/messages…``): ``{"type": "error", "error": {"type": …, "message": …}}``,
@@ -14,7 +14,7 @@ mid-stream error events — goes through here, so a client never sees another fo
 
 from __future__ import annotations
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 
 ANTHROPIC_PREFIX = "/v1/messages"
 OLLAMA_PREFIX = "/api/"

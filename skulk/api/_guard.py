@@ -47,7 +47,7 @@ from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from hypercorn.typing import Scope as ASGIScope
 
 from skulk.api._error_formats import render_error
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 
 # Inside, ASGI's shapes loosely typed: Hypercorn's TypedDict unions add nothing at this level.
 Scope = MutableMapping[str, Any]
@@ -182,12 +182,12 @@ class RequestGuard:
             '%s "%s %s HTTP/%s" %s %s %.1fms "%s"%s',
             where,
             method,
-            _clip(target, 300),
+            clip(target, 300),
             scope.get("http_version", "1.1"),
             exchange.status if exchange.status is not None else "-",
             exchange.length,
             seconds * 1000,
-            _clip(agent, 200),
+            clip(agent, 200),
             "" if exchange.complete or exchange.status is None else " incomplete",
         )
 
@@ -263,5 +263,5 @@ def _content_length(scope: Scope) -> int | None:
     return int(value)
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."

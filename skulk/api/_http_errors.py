@@ -24,7 +24,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import WebsocketMismatch
 
 from skulk.api._error_formats import render_error
-from skulk.api._openai_errors import INVALID_REQUEST, SERVER, ApiError, _clip
+from skulk.api._errors import INVALID_REQUEST, SERVER, ApiError, clip
 
 log = logging.getLogger("skulk.api")
 
@@ -102,7 +102,7 @@ def _where() -> str:
         scope = websocket.scope
     else:
         return "-"
-    return f"{scope.get('method', 'GET')} {_clip(scope['path'], 200)}"
+    return f"{scope.get('method', 'GET')} {clip(scope['path'], 200)}"
 
 
 def _http_error(status: int, description: str, name: str) -> ApiError:

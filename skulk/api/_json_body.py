@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 
 #: The largest request body (or WebSocket message) read, 413 beyond: half the runner frame
 #: limit (16 MiB), so any prompt that fits in a body also fits in the frame to the runner.

@@ -1,8 +1,8 @@
 """The Ollama routes: ``/api/chat``, ``/api/generate`` (NDJSON streams), ``/api/tags``,
 ``/api/show``, ``/api/ps``, ``/api/version``.
 
-Requests take the same path as every other format's: parsed (:mod:`skulk.api._ollama`) into the
-neutral :class:`~skulk.api._request.GenerateRequest`, routed to an instance anywhere in the
+Requests take the same path as every other format's: parsed (:mod:`skulk.api._ollama_parse`)
+into the neutral :class:`~skulk.api._request.GenerateRequest`, routed to an instance anywhere in the
 cluster, driven by :mod:`skulk.api._stream` (a stream is committed only once its first item is
 here; the request owns its generation, cancelled when the client goes away). Only the framing
 is Ollama's own: one JSON object per line (``application/x-ndjson``), and a failure after the
@@ -22,21 +22,17 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from skulk import __version__
+from skulk.api._errors import ApiError
 from skulk.api._guard import close_with_request
 from skulk.api._http_errors import json_response
-from skulk.api._ollama import (
+from skulk.api._ollama_format import Clock, loaded, running, show, tags
+from skulk.api._ollama_parse import (
     OLLAMA_API_VERSION,
-    Clock,
     OllamaRequest,
-    loaded,
     parse_chat,
     parse_generate,
     parse_show,
-    running,
-    show,
-    tags,
 )
-from skulk.api._openai_errors import ApiError
 from skulk.api._request import GenerateRequest
 from skulk.api._stream import (
     ROUTING_ERRORS,
@@ -99,7 +95,7 @@ def install_ollama_routes(app: QuartTrio, router: Router, start: Start, body: Bo
                 router.route(req.model)
             except ROUTING_ERRORS as exc:
                 raise routing_error(exc) from None
-            return _one(loaded(req), stream=req.stream)
+            return _one(loaded(req.kind, req.model), stream=req.stream)
         request = req.generate_request(clock)
         route, items = start(request)
         items = _stamped(items, clock)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import attrs
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._request import Event
 from skulk.api._tool_calls import Call, answer_calls, checked_object, objects
 from skulk.wire.runner import GenerationEnd, ToolCall
@@ -57,8 +57,8 @@ def call_objects(calls: list[Call]) -> list[dict[str, object]]:
 @attrs.define
 class ToolsRenderer:
     """See the module docstring. ``line(text)`` and ``last(end, text)`` make the format's
-    lines (:func:`skulk.api._ollama.delta` and :func:`~skulk.api._ollama.final` bound to the
-    request); ``failure_line`` its error line."""
+    lines (:func:`skulk.api._ollama_format.delta` and :func:`~skulk.api._ollama_format.final`
+    bound to the request); ``failure_line`` its error line."""
 
     line: Callable[[str], dict[str, object]]
     last: Callable[[GenerationEnd, str], dict[str, object]]

@@ -5,10 +5,10 @@ stream-chunk formatting, SSE framing and the error envelope (:class:`ApiError`).
 the Quart app reads the body, calls a ``parse_*`` function, talks to the cluster, and writes what
 the formatting functions return.
 
-The code lives in ``_openai_errors`` / ``_openai_parse`` / ``_openai_format``; import it from here.
+The code lives in ``_errors`` / ``_openai_parse`` / ``_openai_format``; import it from here.
 """
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._openai_format import (
     CHAT_ID_PREFIX,
     COMPLETION_ID_PREFIX,
@@ -27,7 +27,6 @@ from skulk.api._openai_format import (
     completion_usage_chunk,
     new_request_id,
     openai_finish_reason,
-    sse_event,
     usage_object,
 )
 from skulk.api._openai_parse import (
@@ -37,6 +36,7 @@ from skulk.api._openai_parse import (
     parse_chat_completions,
     parse_completions,
 )
+from skulk.api._sse import sse_event
 
 __all__ = [
     "CHAT_ID_PREFIX",

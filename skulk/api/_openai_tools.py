@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._openai_format import (
     CHAT_ID_PREFIX,
     chat_chunk,

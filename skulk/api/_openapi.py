@@ -21,11 +21,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 
+from quart import Response
+from quart_trio import QuartTrio
+
 from skulk import __version__
-from skulk.api import _anthropic, _embeddings, _ollama, _openai_parse, _responses
+from skulk.api import (
+    _anthropic,
+    _embeddings,
+    _ollama_parse,
+    _openai_messages,
+    _openai_parse,
+    _responses_parse,
+)
 from skulk.api._cluster_routes import _PLACEMENT_FIELDS
 from skulk.api._diagnostic_routes import _TIMELINE_PARAMS
 from skulk.api._error_formats import OLLAMA_PREFIX
+from skulk.api._fields import STREAM_OPTIONS_NEED_STREAM, Check
+from skulk.api._http_errors import json_response
 from skulk.api._openapi_answers import (
     ANSWERS,
     EVENTS,
@@ -42,23 +54,19 @@ from skulk.api._schema import Schema, obj, ref
 from skulk.models import DEMO_MODEL_ID
 
 
-def fields(honoured: Mapping[str, Schema], *checks: Mapping[str, object]) -> dict[str, Schema]:
-    """A body's properties: the honoured fields' schemas, then each rule's ``schema`` (the
-    no-op and informational tables; a rule is :class:`~skulk.api._openai_parse._Check` or
-    Ollama's ``_Field``)."""
+def fields(honoured: Mapping[str, Schema], *checks: Mapping[str, Check]) -> dict[str, Schema]:
+    """A body's properties: the honoured fields' schemas, then each check's ``schema`` (the
+    no-op and informational tables, :class:`~skulk.api._fields.Check`)."""
     props = dict(honoured)
     for table in checks:
-        for name, rule in table.items():
-            schema = getattr(rule, "schema", None)
-            if not isinstance(schema, dict):
-                raise TypeError(f"field {name!r} has no JSON Schema")
-            props.setdefault(name, schema)
+        for name, check in table.items():
+            props.setdefault(name, check.schema)
     return props
 
 
 def request_bodies() -> dict[str, tuple[dict[str, Schema], tuple[str, ...]]]:
     """Each JSON-body route's properties and required fields, from the parsers' tables."""
-    oa, an, ol = _openai_parse, _anthropic, _ollama
+    oa, an, ol = _openai_parse, _anthropic, _ollama_parse
     return {
         "/v1/chat/completions": (
             fields(oa._CHAT_HONOURED, oa._CHAT_NO_OPS, oa._CHAT_INFO),
@@ -69,7 +77,7 @@ def request_bodies() -> dict[str, tuple[dict[str, Schema], tuple[str, ...]]]:
             ("model", "prompt"),
         ),
         "/v1/responses": (
-            fields(_responses._HONOURED, _responses._NO_OPS, _responses._INFO),
+            fields(_responses_parse._HONOURED, _responses_parse._NO_OPS, _responses_parse._INFO),
             ("model", "input"),
         ),
         "/v1/messages": (
@@ -174,11 +182,11 @@ def _streamed(path: str, schema: str, stream_type: str, description: str) -> dic
 
 #: What the parsers enforce across a body's fields, as JSON Schema (each next to its check).
 _CROSS_FIELD: dict[str, list[Schema]] = {
-    "/v1/chat/completions": [_openai_parse.STREAM_OPTIONS_NEED_STREAM],
-    "/v1/completions": [_openai_parse.STREAM_OPTIONS_NEED_STREAM],
-    "/v1/responses": [_openai_parse.STREAM_OPTIONS_NEED_STREAM],
-    "/api/generate": [_ollama.RAW_HAS_NO_SYSTEM],
-    "/api/show": [_ollama.SHOW_NEEDS_A_MODEL],
+    "/v1/chat/completions": [STREAM_OPTIONS_NEED_STREAM],
+    "/v1/completions": [STREAM_OPTIONS_NEED_STREAM],
+    "/v1/responses": [STREAM_OPTIONS_NEED_STREAM],
+    "/api/generate": [_ollama_parse.RAW_HAS_NO_SYSTEM],
+    "/api/show": [_ollama_parse.SHOW_NEEDS_A_MODEL],
 }
 
 
@@ -407,10 +415,10 @@ def openapi_document(*, cluster: bool = True, timeline: bool = True) -> dict[str
     Built once per combination; callers must not change it."""
     schemas: dict[str, Schema] = {}
     for module_schemas in (
-        _openai_parse.SCHEMAS,
-        _responses.SCHEMAS,
+        _openai_messages.SCHEMAS,
+        _responses_parse.SCHEMAS,
         _anthropic.SCHEMAS,
-        _ollama.SCHEMAS,
+        _ollama_parse.SCHEMAS,
         ANSWERS,
     ):
         schemas.update(module_schemas)
@@ -437,3 +445,13 @@ def openapi_document(*, cluster: bool = True, timeline: bool = True) -> dict[str
             },
         },
     }
+
+
+def install_openapi_route(app: QuartTrio, *, cluster: bool, timeline: bool) -> None:
+    """Add ``GET /openapi.json`` to ``app``: the document of the routes installed there
+    (``cluster``: the cluster routes; ``timeline``: the timeline route), behind the key when
+    keys are set."""
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return json_response(openapi_document(cluster=cluster, timeline=timeline), 200)

@@ -31,7 +31,7 @@ from hypercorn.protocol import h11 as hc_h11
 from hypercorn.protocol import http_stream as hc_http
 from hypercorn.protocol import ws_stream as hc_ws
 
-from skulk.api._openai_errors import SERVER, ApiError
+from skulk.api._errors import SERVER, ApiError
 
 log = logging.getLogger("skulk.api")
 

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import attrs
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.wire.runner import GenerationEnd, Prompt, SamplingParams
 
 
@@ -30,7 +30,7 @@ from skulk.wire.runner import GenerationEnd, Prompt, SamplingParams
 class Event:
     """One stream event: ``data`` (a JSON object, or a raw string such as OpenAI's ``[DONE]``)
     and, for formats with named SSE events (Responses, Anthropic), its ``name`` (the
-    ``event:`` line). Over SSE it is framed by :func:`skulk.api._stream.sse_frame`."""
+    ``event:`` line). Over SSE it is framed by :func:`skulk.api._sse.sse_frame`."""
 
     data: Mapping[str, object] | str
     name: str | None = None

@@ -19,9 +19,9 @@ from typing import Protocol
 
 import trio
 
-from skulk.api._openai_errors import ApiError
-from skulk.api._openai_format import sse_event
+from skulk.api._errors import ApiError
 from skulk.api._request import Event, GenerateRequest, Renderer
+from skulk.api._sse import sse_frame
 from skulk.routing import ModelNotPlaced, NoReadyInstance, Overloaded, RemoteUnavailable
 from skulk.wire.runner import GenerationEnd
 from skulk.worker import ModelUnavailable, RequestFailure, join_scored, logprobs_of
@@ -193,13 +193,6 @@ async def open_stream(items: Items, request: Request) -> OpenedStream:
             await items.aclose()
         raise
     return OpenedStream(request, items, first)
-
-
-def sse_frame(event: Event) -> bytes:
-    """One server-sent event: an ``event: name`` line when the event is named, then its
-    ``data:`` line(s)."""
-    data = sse_event(event.data)
-    return data if event.name is None else f"event: {event.name}\n".encode() + data
 
 
 class Opened(Protocol):

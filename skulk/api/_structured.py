@@ -22,7 +22,7 @@ import json
 import re
 from typing import Final, TypeVar
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.grammar import JSON_OBJECT_SCHEMA, SchemaRefused, check_schema, schema_text
 
 T = TypeVar("T")

@@ -39,7 +39,7 @@ from typing import Final, Literal
 
 import attrs
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._structured import CHECK_HERE_BYTES, refused
 from skulk.grammar import SchemaRefused, check_schema, schema_text, tool_call_schema
 from skulk.wire.runner import GenerationEnd, SamplingParams

@@ -28,10 +28,12 @@ from typing import Any
 
 import trio
 from quart import websocket
+from quart_trio import QuartTrio
 
 from skulk.api._choices import choice_count, open_choices
+from skulk.api._errors import ApiError
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, check_json_value
-from skulk.api._openai import ApiError, parse_chat_completions
+from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._stream import Items, Opened, Request, open_stream
 from skulk.routing import Route
 
@@ -164,3 +166,12 @@ async def serve_websocket(start: Start, start_choices: StartChoices) -> None:
 
 def _bad(message: str, param: str | None) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_message")
+
+
+def install_websocket_route(app: QuartTrio, start: Start, start_choices: StartChoices) -> None:
+    """Add ``/v1/ws`` to ``app`` (:func:`serve_websocket` with ``start`` and
+    ``start_choices``)."""
+
+    @app.websocket("/v1/ws")
+    async def ws() -> None:
+        await serve_websocket(start, start_choices)

@@ -207,3 +207,43 @@ def test_ollama_tools_and_a_tool_turn_are_rendered(server: NodeProcess) -> None:
     )
     assert parts[-1].done is True
     assert (parts[-1].prompt_eval_count or 0) > (with_tools.prompt_eval_count or 0)
+
+
+#: Tool parameters as clients (and pydantic's model_json_schema) write them: no
+#: additionalProperties. The grammar admits no other key (docs/api.md), so even the demo model
+#: ends its call instead of writing made-up keys until max_tokens.
+OPEN_WEATHER: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_forced_call_without_additional_properties_ends_as_a_call(
+    server: NodeProcess, seed: int
+) -> None:
+    tools: list[Any] = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": OPEN_WEATHER}}
+    ]
+    reply = client(server).chat.completions.create(
+        model=MODEL, messages=ASK, tools=tools, tool_choice="required", max_tokens=80, seed=seed
+    )
+    c = reply.choices[0]
+    assert c.finish_reason == "tool_calls"
+    (call,) = c.message.tool_calls or []
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "days"}
+    jsonschema.validate(args, OPEN_WEATHER)
+
+
+def test_an_ollama_format_schema_without_additional_properties_is_closed(
+    server: NodeProcess,
+) -> None:
+    ol = ollama.Client(host=server.url, timeout=60)
+    reply = ol.generate(
+        model=MODEL, prompt="Weather?", format=OPEN_WEATHER, options={"num_predict": 80, "seed": 4}
+    )
+    assert reply.done_reason == "stop"
+    args = json.loads(reply.response)
+    assert set(args) == {"city", "days"}

@@ -20,8 +20,8 @@ from skulk.api._anthropic import (
     parse_messages,
     stop_reason,
 )
-from skulk.api._openai_errors import ApiError
-from skulk.api._stream import sse_frame
+from skulk.api._errors import ApiError
+from skulk.api._sse import sse_frame
 from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams, Usage
 from skulk.worker import RequestFailure
 from tests.unit.test_api_edge import MODEL, FakeService, app_for, call

@@ -22,9 +22,10 @@ from skulk.api._choices import (
     choice_seed,
     combined_usage,
 )
+from skulk.api._fields import INT64_MAX, INT64_MIN
 from skulk.api._openai import ApiError, parse_chat_completions, parse_completions
-from skulk.api._openai_format import OpenAIChoicesRenderer, OpenAIFormat
-from skulk.api._openai_parse import INT64_MAX, INT64_MIN, MAX_CHOICES
+from skulk.api._openai_parse import MAX_CHOICES
+from skulk.api._openai_render import OpenAIChoicesRenderer, OpenAIFormat
 from skulk.routing import Admission
 from skulk.wire.runner import GenerationEnd, Prompt, SamplingParams, Usage
 from skulk.worker import RequestFailure

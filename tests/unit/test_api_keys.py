@@ -16,7 +16,7 @@ import pytest
 from quart_trio import QuartTrio
 
 from skulk.api._auth import ApiKeys, exposure_warning, is_loopback, presented_keys
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.config import add_serve_arguments, serve_config
 from tests.unit.test_api_edge import MODEL, USER, FakeService, app_for, call
 from tests.unit.test_cli_client import FakeApi, envelope

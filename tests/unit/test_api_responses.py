@@ -12,10 +12,11 @@ from typing import Any
 import openai
 import pytest
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._request import GenerateRequest
-from skulk.api._responses import ResponsesFormat, parse_responses
-from skulk.api._stream import sse_frame
+from skulk.api._responses_format import ResponsesFormat
+from skulk.api._responses_parse import parse_responses
+from skulk.api._sse import sse_frame
 from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams, Usage
 from skulk.worker import RequestFailure
 from tests.unit.test_api_edge import MODEL, FakeService, app_for, call

@@ -16,7 +16,7 @@ from skulk.api._embeddings import (
     parse_ollama_legacy,
     parse_openai,
 )
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.wire.runner import TextPrompt, TokenIds
 from skulk.worker import Embedding
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from skulk.api._openai_format import OpenAIFormat
 from skulk.api._openai_logprobs import chat_logprobs, completion_logprobs, token_text
+from skulk.api._openai_render import OpenAIFormat
 from skulk.routing._hop import ITEM_CODEC, MAX_DELTA_CHARS, MAX_DELTA_LOGPROBS
 from skulk.routing._serving import _merge, _pieces
 from skulk.runner import RequestEvent

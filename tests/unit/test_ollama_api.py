@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 import trio
 
-from skulk.api._ollama import (
+from skulk.api._errors import ApiError
+from skulk.api._ollama_format import Clock
+from skulk.api._ollama_parse import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
-    Clock,
     parse_chat,
     parse_generate,
     parse_options,
     parse_show,
 )
-from skulk.api._openai_errors import ApiError
 from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,
@@ -186,7 +186,9 @@ def test_format_json_or_a_schema_becomes_the_runners_schema() -> None:
     assert chat.params.json_schema == '{"type": "object"}'
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     generate = parse_generate({"model": MODEL, "prompt": "x", "format": schema})
-    assert generate.params.json_schema == '{"type":"object","properties":{"n":{"type":"integer"}}}'
+    # As pydantic writes it (no additionalProperties): the runner's grammar admits no other key.
+    closed = '{"type":"object","properties":{"n":{"type":"integer"}},"additionalProperties":false}'
+    assert generate.params.json_schema == closed
     assert parse_chat({"model": MODEL, "messages": USER, "format": ""}).params.json_schema is None
 
 

@@ -19,17 +19,17 @@ import jsonschema
 import pytest
 import trio
 
-from skulk.api import _anthropic, _ollama, _openai_parse, _responses, create_app
+from skulk.api import _anthropic, _ollama_parse, _openai_messages, _responses_parse, create_app
 from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._cluster_routes import parse_placement
 from skulk.api._diagnostic_routes import parse_timeline_query
 from skulk.api._embeddings import parse_ollama, parse_ollama_legacy, parse_openai
-from skulk.api._ollama import parse_chat, parse_generate, parse_options, parse_show
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
+from skulk.api._ollama_parse import parse_chat, parse_generate, parse_options, parse_show
 from skulk.api._openai_parse import parse_chat_completions, parse_completions
 from skulk.api._openapi import openapi_document, request_bodies
 from skulk.api._openapi_answers import NDJSON, SSE
-from skulk.api._responses import parse_responses
+from skulk.api._responses_parse import parse_responses
 from skulk.routing import Admission, Router
 from tests.unit.test_api_edge import FakeNode, FakeService, app_for
 
@@ -138,23 +138,23 @@ def props_of(schema: dict[str, Any]) -> set[str]:
 
 def test_chat_message_schemas_match_the_parser_keys() -> None:
     user, assistant, tool = components()["ChatMessage"]["anyOf"]
-    keys = _openai_parse._MESSAGE_KEYS
+    keys = _openai_messages._MESSAGE_KEYS
     assert props_of(user) == set(keys["user"]) == set(keys["system"])
     assert props_of(assistant) == set(keys["assistant"])
     assert props_of(tool) == set(keys["tool"])
     part = user["properties"]["content"]["anyOf"][1]["items"]
-    assert props_of(part) == set(_openai_parse._TEXT_PART_KEYS)
+    assert props_of(part) == set(_openai_messages._TEXT_PART_KEYS)
 
 
 def test_nested_schemas_match_the_parser_keys() -> None:
     schemas = components()
     for branch in schemas["InputMessage"]["anyOf"]:
-        assert props_of(branch) == set(_responses._MESSAGE_KEYS)
-    assert props_of(schemas["InputText"]) == set(_responses._PART_KEYS["input_text"])
-    assert props_of(schemas["OutputText"]) == set(_responses._PART_KEYS["output_text"])
+        assert props_of(branch) == set(_responses_parse._MESSAGE_KEYS)
+    assert props_of(schemas["InputText"]) == set(_responses_parse._PART_KEYS["input_text"])
+    assert props_of(schemas["OutputText"]) == set(_responses_parse._PART_KEYS["output_text"])
     assert props_of(schemas["Message"]) == set(_anthropic._MESSAGE_KEYS)
     assert props_of(schemas["TextBlock"]) == set(_anthropic._TEXT_BLOCK_KEYS)
-    assert props_of(schemas["OllamaMessage"]) == set(_ollama._MESSAGE_KEYS)
+    assert props_of(schemas["OllamaMessage"]) == set(_ollama_parse._MESSAGE_KEYS)
 
 
 def test_ollama_options_are_exactly_the_documented_ones() -> None:

@@ -6,14 +6,16 @@ import json
 
 import pytest
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._openai_parse import parse_chat_completions
-from skulk.api._responses import parse_responses
+from skulk.api._responses_parse import parse_responses
 from skulk.api._structured import CHECK_HERE_BYTES, ollama_format, openai_response_format
 from skulk.grammar import JSON_OBJECT_SCHEMA
 from skulk.wire.runner import GenerationEnd, Usage
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+#: What the runner gets for SCHEMA: its object closed (no additionalProperties said: none allowed).
+CLOSED = {**SCHEMA, "additionalProperties": False}
 
 
 def test_openai_response_format_kinds() -> None:
@@ -22,7 +24,7 @@ def test_openai_response_format_kinds() -> None:
     assert openai_response_format({"type": "json_object"}) == JSON_OBJECT_SCHEMA
     spec = {"name": "a", "schema": SCHEMA, "strict": True}
     text = openai_response_format({"type": "json_schema", "json_schema": spec})
-    assert text is not None and json.loads(text) == SCHEMA
+    assert text is not None and json.loads(text) == CLOSED
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     req = parse_chat_completions({**body, "response_format": {"type": "json_object"}})
     assert req.params.json_schema == JSON_OBJECT_SCHEMA
@@ -59,7 +61,7 @@ def test_openai_response_format_errors_name_the_field(value: object, param: str)
 def test_responses_text_format_and_its_echo() -> None:
     fmt = {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}
     req = parse_responses({"model": "m", "input": "x", "text": {"format": fmt}})
-    assert req.params.json_schema is not None and json.loads(req.params.json_schema) == SCHEMA
+    assert req.params.json_schema is not None and json.loads(req.params.json_schema) == CLOSED
     whole = req.format.renderer("m").whole("{}", GenerationEnd("stop", Usage(1, 1)))
     assert whole["text"]["format"] == fmt  # type: ignore[index]
 

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
 from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._openai_tools import ToolsFormat
 from skulk.api._tool_calls import Tool, forced_params, parse_calls

@@ -1,4 +1,4 @@
-"""The OpenAI error envelope as a typed exception.
+"""Every API failure as one typed exception, whatever the format answers it in.
 
 Every way a request can fail is an :class:`ApiError` built by one of its named constructors, so
 the HTTP layer needs exactly one ``except ApiError as e`` that answers ``e.status`` with
@@ -20,22 +20,22 @@ SERVER = "server_error"
 TIMEOUT = "timeout_error"
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
     """A value as the client wrote it (JSON), cut short so a huge value cannot flood a log."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=True)
     except (TypeError, ValueError, RecursionError):  # not JSON-like, or absurdly deep
-        return f"<{_json_type(value)}>"
+        return f"<{json_type(value)}>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _clip(text: str, limit: int = 80) -> str:
+def clip(text: str, limit: int = 80) -> str:
     """``text`` cut to ``limit`` characters: names a client chose (a model, an unknown field)
     are echoed in errors, and a megabyte-long name must not come back in full."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     """The JSON name of a value's type, for "expected X, got Y" messages."""
     if value is None:
         return "null"
@@ -116,7 +116,7 @@ class ApiError(Exception):
         """400: ``param`` has the wrong JSON type (``expected`` e.g. ``"a string"``)."""
         return cls.invalid(
             param,
-            f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)}.",
+            f"Invalid type for '{param}': expected {expected}, but got {json_type(value)}.",
             code="invalid_type",
         )
 
@@ -137,14 +137,14 @@ class ApiError(Exception):
         tail = f"This server supports only {supported}." if supported else "It is not supported."
         return cls.invalid(
             param,
-            f"Unsupported value for '{param}': {_show(value)}. {tail}",
+            f"Unsupported value for '{param}': {show(value)}. {tail}",
             code="unsupported_parameter",
         )
 
     @classmethod
     def unknown_parameter(cls, param: str) -> ApiError:
         """400: a field the format does not define (OpenAI rejects these too)."""
-        param = _clip(param)
+        param = clip(param)
         return cls.invalid(
             param,
             f"Unrecognized request argument supplied: {param}",
@@ -184,7 +184,7 @@ class ApiError(Exception):
         """415: the body is declared as something other than JSON."""
         return cls(
             415,
-            f"Unsupported Content-Type '{_clip(mimetype)}': send the body as application/json.",
+            f"Unsupported Content-Type '{clip(mimetype)}': send the body as application/json.",
             code="unsupported_media_type",
         )
 
@@ -193,7 +193,7 @@ class ApiError(Exception):
         """404: no model of that name is known to the cluster."""
         return cls(
             404,
-            f"The model '{_clip(model)}' does not exist.",
+            f"The model '{clip(model)}' does not exist.",
             type=NOT_FOUND,
             param="model",
             code="model_not_found",

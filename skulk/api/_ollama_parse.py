@@ -1,15 +1,14 @@
-"""The Ollama API format, sans-IO: request validation and response rendering.
+"""The Ollama API format's requests, sans-IO (its answers: :mod:`skulk.api._ollama_format`).
 
 :func:`parse_chat` (``POST /api/chat``), :func:`parse_generate` (``POST /api/generate``) and
 :func:`parse_show` (``POST /api/show``) take whatever ``json.loads`` gave and return a frozen
 request, or raise :class:`ApiError` (400) naming the offending field — answered in Ollama's
-``{"error": "…"}`` envelope by the app (:mod:`skulk.api._error_formats`). The render functions
-build Ollama's response objects: one NDJSON line per streamed delta, a final line with
-``done: true``, the statistics (token counts, durations in nanoseconds), model listings.
+``{"error": "…"}`` envelope by the app (:mod:`skulk.api._error_formats`).
 
-Strictness is the same as for the other formats: every field is honoured, accepted only with
-the value that changes nothing (its *no-op*), informational, or refused — never silently
-ignored. ``options`` follow the same rule, each option named ``options.<name>`` in errors.
+Strictness is the same as for the other formats, with the same kit (:mod:`skulk.api._fields`):
+every field is honoured, accepted only with the value that changes nothing (its *no-op*),
+informational, or refused — never silently ignored. ``options`` follow the same rule, each
+option named ``options.<name>`` in errors.
 
 Two deliberate differences from a local Ollama, both documented in ``docs/api.md``:
 
@@ -22,39 +21,48 @@ Two deliberate differences from a local Ollama, both documented in ``docs/api.md
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from typing import Literal
 
 import attrs
 
-from skulk.api._error_formats import ollama_envelope
-from skulk.api._ollama_tools import ToolsRenderer, parse_calls_field
-from skulk.api._openai_errors import ApiError
+from skulk.api._errors import ApiError
+from skulk.api._fields import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_STOP_LENGTH,
+    MODEL,
+    Check,
+    as_object,
+    check_type,
+    checked_body,
+    info,
+    model_name,
+    only,
+    opt_str,
+    reject_unknown,
+    run_checks,
+)
+from skulk.api._ollama_format import Clock, Kind, OllamaFormat
+from skulk.api._ollama_tools import parse_calls_field
 from skulk.api._openai_tools import parse_tools
-from skulk.api._request import Event, GenerateRequest
-from skulk.api._schema import INFORMATIONAL, Schema, honoured, no_op, obj, ref
+from skulk.api._request import GenerateRequest
+from skulk.api._schema import Schema, honoured, obj, ref
 from skulk.api._structured import ollama_format
 from skulk.api._tool_calls import tools_json
-from skulk.wire.cluster import ModelCard
-from skulk.wire.runner import ChatMessage, ChatPrompt, GenerationEnd, SamplingParams, TextPrompt
+from skulk.wire.runner import ChatMessage, ChatPrompt, SamplingParams, TextPrompt
 
 #: Ollama's own defaults for the options it samples with (``api/types.go`` DefaultOptions).
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.9
-#: At most this many ``options.stop`` strings, each at most :data:`MAX_STOP_LENGTH` characters:
+#: At most this many ``options.stop`` strings, each at most
+#: :data:`~skulk.api._fields.MAX_STOP_LENGTH` characters:
 #: the runner checks every stop string against the text it holds back after every token.
 MAX_STOPS = 16
-MAX_STOP_LENGTH = 1024
 #: The Ollama API level these routes follow (``GET /api/version``): clients gate features on it.
 OLLAMA_API_VERSION = "0.6.0"
 
-_INT64 = (-(2**63), 2**63 - 1)
-
-Kind = Literal["chat", "generate"]
+_INT64 = (INT64_MIN, INT64_MAX)
 
 
 @attrs.frozen
@@ -81,76 +89,13 @@ class OllamaRequest:
         return GenerateRequest(self.model, self.prompt, self.params, self.stream, fmt)
 
 
-# ---- typed readers ---------------------------------------------------------------------------
-
-
-def _check_type(param: str, value: object, kind: str) -> None:
-    """400 unless ``value`` has the JSON type ``kind`` (``"integer"``, ``"number"``,
-    ``"string"``, ``"boolean"``, ``"array"``, ``"object"``); JSON booleans are never numbers."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    ok = {
-        "integer": number and isinstance(value, int),
-        "number": number,
-        "string": isinstance(value, str),
-        "boolean": isinstance(value, bool),
-        "array": isinstance(value, list),
-        "object": isinstance(value, dict),
-        "any": True,
-    }[kind]
-    if not ok:
-        article = "an" if kind[0] in "aeiou" else "a"
-        raise ApiError.invalid_type(param, f"{article} {kind}", value)
-
-
 def _range_error(param: str, value: object, bound: str) -> ApiError:
     return ApiError.invalid(param, f"Invalid value for '{param}': {value!r}; must be {bound}.")
 
 
-@attrs.frozen
-class _Field:
-    """How one field (top level, in a message, or in ``options``) is treated.
-
-    ``kind`` is its JSON type; a value of another type is 400 ``invalid_type``. ``noop`` are the
-    values accepted for a field we cannot honour (``null`` always is); ``informational`` fields
-    accept any value of their type.
-    """
-
-    kind: str
-    noop: tuple[object, ...] = ()
-    informational: bool = False
-
-    def check(self, param: str, value: object) -> None:
-        if value is None:
-            return
-        _check_type(param, value, self.kind)
-        if self.informational or any(_same(value, v) for v in self.noop):
-            return
-        raise ApiError.unsupported(param, value, supported=self._supported)
-
-    @property
-    def _supported(self) -> str:
-        return " or ".join([json.dumps(v) for v in self.noop] + ["null"])
-
-    @property
-    def schema(self) -> Schema:
-        """The JSON Schema of what :meth:`check` accepts (the OpenAPI document's)."""
-        types = [] if self.kind == "any" else [self.kind, "null"]
-        if self.informational:
-            return {"description": INFORMATIONAL, **({"type": types} if types else {})}
-        return no_op(self.noop, self._supported)
-
-
-def _same(value: object, noop: object) -> bool:
-    """``value`` is ``noop`` as JSON sees it: 1 is 1.0, but ``false`` is not 0."""
-    return value == noop and isinstance(value, bool) == isinstance(noop, bool)
-
-
-def _refuse(kind: str, *noop: object) -> _Field:
-    return _Field(kind, noop)
-
-
-def _info(kind: str) -> _Field:
-    return _Field(kind, informational=True)
+def _refuse(kind: str, *noop: object) -> Check:
+    """A field we cannot honour, accepted only with one of ``noop`` (or null)."""
+    return only(*noop, kind=kind)
 
 
 #: Options we sample with; everything else in ``options`` is in :data:`_OPTION_NOOPS`.
@@ -199,7 +144,7 @@ _HONOURED_OPTIONS: dict[str, Schema] = {
 #: Ollama options we do not implement, each accepted only with the value that changes nothing
 #: here: Ollama's default for the knobs of its own engine (threads, batch size, GPU layers,
 #: memory mapping), the value that turns the feature off for the sampling ones.
-_OPTION_NOOPS: dict[str, _Field] = {
+_OPTION_NOOPS: dict[str, Check] = {
     "numa": _refuse("boolean", False),
     "num_batch": _refuse("integer", 512),
     "num_gpu": _refuse("integer", -1),
@@ -229,13 +174,13 @@ _OPTION_NOOPS: dict[str, _Field] = {
 }
 
 #: Fields of both ``/api/chat`` and ``/api/generate`` besides model, options and stream.
-_COMMON_FIELDS: dict[str, _Field] = {
+_COMMON_FIELDS: dict[str, Check] = {
     "think": _refuse("any", False),  # true or a level ("high"): no thinking models yet
     "logprobs": _refuse("boolean", False),
     "top_logprobs": _refuse("integer", 0),
 }
-_CHAT_FIELDS: dict[str, _Field] = {**_COMMON_FIELDS}
-_GENERATE_FIELDS: dict[str, _Field] = {
+_CHAT_FIELDS: dict[str, Check] = {**_COMMON_FIELDS}
+_GENERATE_FIELDS: dict[str, Check] = {
     **_COMMON_FIELDS,
     "suffix": _refuse("string", ""),
     "template": _refuse("string", ""),
@@ -245,10 +190,9 @@ _GENERATE_FIELDS: dict[str, _Field] = {
     "height": _refuse("integer"),
     "steps": _refuse("integer"),
 }
-_MODEL = honoured("The model (a name the cluster serves).", type="string", minLength=1)
 #: Fields of both routes besides the no-op ones, with the JSON Schema of what each accepts.
-_COMMON_HONOURED: dict[str, Schema] = {
-    "model": _MODEL,
+COMMON_HONOURED: dict[str, Schema] = {
+    "model": MODEL,
     "options": honoured(
         "Sampling options; absent ones take Ollama's defaults.",
         anyOf=[ref("OllamaOptions"), {"type": "null"}],
@@ -270,7 +214,7 @@ _COMMON_HONOURED: dict[str, Schema] = {
     ),
 }
 _CHAT_HONOURED: dict[str, Schema] = {
-    **_COMMON_HONOURED,
+    **COMMON_HONOURED,
     "messages": honoured(
         "The conversation (none: load the model, answered done_reason load).",
         type=["array", "null"],
@@ -284,7 +228,7 @@ _CHAT_HONOURED: dict[str, Schema] = {
     ),
 }
 _GENERATE_HONOURED: dict[str, Schema] = {
-    **_COMMON_HONOURED,
+    **COMMON_HONOURED,
     "prompt": honoured(
         "The prompt (empty: load the model, answered done_reason load).", type=["string", "null"]
     ),
@@ -295,7 +239,7 @@ _GENERATE_HONOURED: dict[str, Schema] = {
 }
 _CHAT_KEYS = frozenset({*_CHAT_HONOURED, *_CHAT_FIELDS})
 _GENERATE_KEYS = frozenset({*_GENERATE_HONOURED, *_GENERATE_FIELDS})
-_MESSAGE_FIELDS: dict[str, _Field] = {
+_MESSAGE_FIELDS: dict[str, Check] = {
     "images": _refuse("array", []),
     "thinking": _refuse("string", ""),
 }
@@ -325,7 +269,7 @@ SHOW_NEEDS_A_MODEL: Schema = {
 _SHOW_FIELDS: dict[str, Schema] = {
     "model": honoured("The model.", type=["string", "null"], minLength=1),
     "name": honoured("The older name of model.", type=["string", "null"], minLength=1),
-    "verbose": _info("boolean").schema,
+    "verbose": info("boolean").schema,
 }
 #: Shared schemas of the bodies above (``components.schemas`` of the OpenAPI document).
 SCHEMAS: dict[str, Schema] = {
@@ -341,57 +285,22 @@ SCHEMAS: dict[str, Schema] = {
 }
 
 
-def _object(value: object, param: str | None) -> dict[str, object]:
-    if not isinstance(value, dict):
-        if param is None:
-            raise ApiError.bad_body()
-        raise ApiError.invalid_type(param, "an object", value)
-    return value
-
-
-def _known(obj: Mapping[str, object], keys: frozenset[str], prefix: str = "") -> None:
-    for key in obj:
-        if key not in keys:
-            raise ApiError.unknown_parameter(prefix + key)
-
-
-def _checked(obj: Mapping[str, object], fields: Mapping[str, _Field], prefix: str = "") -> None:
-    for name, field in fields.items():
-        field.check(prefix + name, obj.get(name))
-
-
-def _keep_alive(value: object) -> None:
+def keep_alive(value: object) -> None:
     """``keep_alive`` is a duration: a number of seconds or a string like ``"5m"``."""
     if value is not None and not isinstance(value, str):
-        _check_type("keep_alive", value, "number")
-
-
-def _model(obj: Mapping[str, object]) -> str:
-    model = obj.get("model")
-    if model is None:
-        raise ApiError.missing("model")
-    _check_type("model", model, "string")
-    assert isinstance(model, str)
-    if not model:
-        raise ApiError.invalid("model", "Invalid value for 'model': must not be empty.")
-    return model
+        check_type("keep_alive", value, "number")
 
 
 def _stream(obj: Mapping[str, object]) -> bool:
     value = obj.get("stream")
     if value is None:
         return True  # Ollama streams unless told not to
-    _check_type("stream", value, "boolean")
+    check_type("stream", value, "boolean")
     return bool(value)
 
 
 def _string(obj: Mapping[str, object], name: str, param: str) -> str:
-    value = obj.get(name)
-    if value is None:
-        return ""
-    _check_type(param, value, "string")
-    assert isinstance(value, str)
-    return value
+    return opt_str(obj, name, param) or ""
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -404,7 +313,7 @@ def _option_number(
     if value is None:
         return None
     param = f"options.{name}"
-    _check_type(param, value, "number")
+    check_type(param, value, "number")
     assert isinstance(value, int | float)
     if not ok(value):  # compared before float(): a huge integer would overflow it
         raise _range_error(param, value, bound)
@@ -416,7 +325,7 @@ def _option_int(options: Mapping[str, object], name: str, lo: int, hi: int) -> i
     if value is None:
         return None
     param = f"options.{name}"
-    _check_type(param, value, "integer")
+    check_type(param, value, "integer")
     assert isinstance(value, int)
     if not lo <= value <= hi:
         raise _range_error(param, value, f"an integer from {lo} to {hi}")
@@ -429,7 +338,7 @@ def _option_stop(options: Mapping[str, object]) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):  # Ollama's Modelfile PARAMETER form; JSON clients send a list
         value = [value]
-    _check_type("options.stop", value, "array")
+    check_type("options.stop", value, "array")
     assert isinstance(value, list)
     if len(value) > MAX_STOPS:
         raise ApiError.invalid(
@@ -438,7 +347,7 @@ def _option_stop(options: Mapping[str, object]) -> tuple[str, ...]:
     stops = []
     for i, item in enumerate(value):
         param = f"options.stop[{i}]"
-        _check_type(param, item, "string")
+        check_type(param, item, "string")
         assert isinstance(item, str)
         if not item or len(item) > MAX_STOP_LENGTH:
             raise _range_error(param, item[:20], f"1 to {MAX_STOP_LENGTH} characters")
@@ -448,9 +357,9 @@ def _option_stop(options: Mapping[str, object]) -> tuple[str, ...]:
 
 def parse_options(raw: object) -> SamplingParams:
     """``options`` as our sampling parameters (Ollama's defaults for what is absent)."""
-    options = {} if raw is None else _object(raw, "options")
-    _known(options, frozenset({*_HONOURED_OPTIONS, *_OPTION_NOOPS}), "options.")
-    _checked(options, _OPTION_NOOPS, "options.")
+    options = {} if raw is None else as_object(raw, "options")
+    reject_unknown(options, frozenset({*_HONOURED_OPTIONS, *_OPTION_NOOPS}), "options.")
+    run_checks(options, _OPTION_NOOPS, "options.")
     temperature = _option_number(
         options, "temperature", lambda v: v >= 0, "a number >= 0 (0 is greedy)"
     )
@@ -474,18 +383,18 @@ def parse_options(raw: object) -> SamplingParams:
 
 
 def _message(raw: object, param: str) -> ChatMessage:
-    message = _object(raw, param)
-    _known(message, _MESSAGE_KEYS, f"{param}.")
+    message = as_object(raw, param)
+    reject_unknown(message, _MESSAGE_KEYS, f"{param}.")
     role = message.get("role")
     if role is None:
         raise ApiError.missing(f"{param}.role")
-    _check_type(f"{param}.role", role, "string")
+    check_type(f"{param}.role", role, "string")
     if role not in _ROLES:
         expected = "expected system, user, assistant or tool"
         raise ApiError.invalid(
             f"{param}.role", f"Invalid value for '{param}.role': {role!r}; {expected}."
         )
-    _checked(message, _MESSAGE_FIELDS, f"{param}.")
+    run_checks(message, _MESSAGE_FIELDS, f"{param}.")
     calls = parse_calls_field(message.get("tool_calls"), f"{param}.tool_calls")
     tool_name = _string(message, "tool_name", f"{param}.tool_name")
     # The ollama client drops empty values, so an empty turn arrives without ``content``.
@@ -502,16 +411,15 @@ def _with_format(params: SamplingParams, obj: Mapping[str, object]) -> SamplingP
 
 def parse_chat(body: object) -> OllamaRequest:
     """Validate a ``POST /api/chat`` body; :class:`ApiError` (400) names the first bad field."""
-    obj = _object(body, None)
-    _known(obj, _CHAT_KEYS)
-    model = _model(obj)
+    obj = checked_body(body, _CHAT_KEYS)
+    model = model_name(obj)
     raw = obj.get("messages")
     if raw is not None:
-        _check_type("messages", raw, "array")
+        check_type("messages", raw, "array")
     assert raw is None or isinstance(raw, list)
     messages = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(raw or ()))
-    _keep_alive(obj.get("keep_alive"))
-    _checked(obj, _CHAT_FIELDS)
+    keep_alive(obj.get("keep_alive"))
+    run_checks(obj, _CHAT_FIELDS)
     params = _with_format(parse_options(obj.get("options")), obj)
     tools = parse_tools(obj.get("tools"))
     prompt = ChatPrompt(messages, tools_json(tools)) if messages else None
@@ -525,16 +433,15 @@ def parse_generate(body: object) -> OllamaRequest:
     template as a user turn, as Ollama's template would put it; with ``raw: true`` it is
     tokenized as is, and ``system`` — which raw mode has no place for — is refused.
     """
-    obj = _object(body, None)
-    _known(obj, _GENERATE_KEYS)
-    model = _model(obj)
+    obj = checked_body(body, _GENERATE_KEYS)
+    model = model_name(obj)
     text = _string(obj, "prompt", "prompt")
     system = _string(obj, "system", "system")
     raw_value = obj.get("raw")
     if raw_value is not None:
-        _check_type("raw", raw_value, "boolean")
-    _keep_alive(obj.get("keep_alive"))
-    _checked(obj, _GENERATE_FIELDS)
+        check_type("raw", raw_value, "boolean")
+    keep_alive(obj.get("keep_alive"))
+    run_checks(obj, _GENERATE_FIELDS)
     params = _with_format(parse_options(obj.get("options")), obj)
     prompt: ChatPrompt | TextPrompt | None = None
     if raw_value:
@@ -549,196 +456,8 @@ def parse_generate(body: object) -> OllamaRequest:
 
 def parse_show(body: object) -> str:
     """The model a ``POST /api/show`` body asks about (``model``, or the older ``name``)."""
-    obj = _object(body, None)
-    _known(obj, frozenset(_SHOW_FIELDS))
-    _info("boolean").check("verbose", obj.get("verbose"))  # we have no more to show
+    obj = checked_body(body, _SHOW_FIELDS)
+    info("boolean").check("verbose", obj.get("verbose"))  # we have no more to show
     if obj.get("model") is None and obj.get("name") is not None:
-        return _model({"model": obj["name"]})
-    return _model(obj)
-
-
-# ---- responses -------------------------------------------------------------------------------
-
-
-def timestamp(ns: int | None = None) -> str:
-    """An RFC 3339 UTC time as Ollama writes it (``2026-11-24T22:45:01.123456Z``)."""
-    seconds = (time.time_ns() if ns is None else ns) / 1e9
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@attrs.define
-class Clock:
-    """When a request started and when its first item (text or the end) arrived
-    (``time.monotonic_ns``): the driver marks the first item, the renderer reads both."""
-
-    started: int = attrs.field(factory=time.monotonic_ns)
-    first: int | None = None
-
-    def mark(self) -> None:
-        """The first item is here (later calls change nothing)."""
-        if self.first is None:
-            self.first = time.monotonic_ns()
-
-    def durations(self) -> dict[str, int]:
-        """Ollama's duration fields (nanoseconds), the request ending now. Prompt evaluation
-        lasts until the first item; nothing is loaded per request (``load_duration`` 0)."""
-        ended = time.monotonic_ns()
-        first = ended if self.first is None else self.first
-        return {
-            "total_duration": ended - self.started,
-            "load_duration": 0,
-            "prompt_eval_duration": first - self.started,
-            "eval_duration": ended - first,
-        }
-
-
-def delta(kind: Kind, model: str, text: str) -> dict[str, object]:
-    """One streamed line (``done: false``) carrying ``text``."""
-    body: dict[str, object] = {"model": model, "created_at": timestamp()}
-    if kind == "chat":
-        body["message"] = {"role": "assistant", "content": text}
-    else:
-        body["response"] = text
-    body["done"] = False
-    return body
-
-
-def final(
-    kind: Kind, model: str, end: GenerationEnd, durations: Mapping[str, int], text: str = ""
-) -> dict[str, object]:
-    """The last line of a stream (``text`` empty), or the whole answer (all of ``text``):
-    ``done_reason`` (``stop`` or ``length``), token counts and durations."""
-    body = delta(kind, model, text)
-    reason = "length" if end.finish_reason == "length" else "stop"
-    body.update(done=True, done_reason=reason, **durations)
-    body["prompt_eval_count"] = end.usage.prompt_tokens
-    body["eval_count"] = end.usage.completion_tokens
-    return body
-
-
-def loaded(request: OllamaRequest) -> dict[str, object]:
-    """The answer to a request with no prompt: the model is (already) loaded."""
-    return {**delta(request.kind, request.model, ""), "done": True, "done_reason": "load"}
-
-
-@attrs.frozen
-class OllamaFormat:
-    """How to answer an ``/api/chat`` or ``/api/generate`` request
-    (:class:`~skulk.api._request.Format`)."""
-
-    kind: Kind
-    clock: Clock
-    tools: bool = False
-
-    @property
-    def prompt_param(self) -> str:
-        return "messages" if self.kind == "chat" else "prompt"
-
-    def renderer(self, model: str) -> OllamaRenderer | ToolsRenderer:
-        if self.tools:
-            return ToolsRenderer(
-                lambda text: delta(self.kind, model, text),
-                lambda end, text: final(self.kind, model, end, self.clock.durations(), text),
-                ollama_envelope,
-            )
-        return OllamaRenderer(self.kind, model, self.clock)
-
-
-@attrs.frozen
-class OllamaRenderer:
-    """One request's NDJSON lines (:class:`~skulk.api._request.Renderer`): a line per delta,
-    a last line with ``done: true`` and the statistics; a failed stream's last line is
-    ``{"error": "…"}`` (what the ollama client raises as ``ResponseError``)."""
-
-    kind: Kind
-    model: str
-    clock: Clock
-
-    def opening(self) -> list[Event]:
-        return []
-
-    def delta(self, text: str) -> list[Event]:
-        return [Event(delta(self.kind, self.model, text))]
-
-    def closing(self, end: GenerationEnd) -> list[Event]:
-        return [Event(final(self.kind, self.model, end, self.clock.durations()))]
-
-    def failure(self, err: ApiError) -> list[Event]:
-        return [Event(ollama_envelope(err))]
-
-    def whole(self, text: str, end: GenerationEnd) -> dict[str, object]:
-        return final(self.kind, self.model, end, self.clock.durations(), text)
-
-
-#: Placed models have no modification time here: the epoch, as the OpenAI model cards say 0.
-_NO_TIME = "1970-01-01T00:00:00Z"
-#: ``/api/ps``'s ``expires_at`` for instances that stay until deleted (Ollama's keep_alive -1).
-_NEVER = "9999-12-31T23:59:59Z"
-
-
-def details(card: ModelCard | None) -> dict[str, object]:
-    """Ollama's ``details`` object of a model (format, family; sizes we do not know are "")."""
-    family = card.architecture.family if card is not None else ""
-    return {
-        "parent_model": "",
-        "format": "safetensors",
-        "family": family,
-        "families": [family] if family else [],
-        "parameter_size": "",
-        "quantization_level": "",
-    }
-
-
-def _listing(model: str, card: ModelCard | None) -> dict[str, object]:
-    return {
-        "name": model,
-        "model": model,
-        "size": card.weight_bytes if card is not None else 0,
-        "digest": (card.manifest_sha256 or "") if card is not None else "",
-        "details": details(card),
-    }
-
-
-def tags(models: Mapping[str, ModelCard | None]) -> dict[str, object]:
-    """``GET /api/tags``: every model with an instance in the cluster."""
-    return {
-        "models": [
-            {**_listing(m, card), "modified_at": _NO_TIME} for m, card in sorted(models.items())
-        ]
-    }
-
-
-def running(models: Mapping[str, ModelCard | None]) -> dict[str, object]:
-    """``GET /api/ps``: the models with a ready instance. Skulk does not report which memory
-    holds the weights: ``size_vram`` is 0."""
-    rows = []
-    for model, card in sorted(models.items()):
-        row = {**_listing(model, card), "expires_at": _NEVER, "size_vram": 0}
-        if card is not None:
-            row["context_length"] = card.context_length
-        rows.append(row)
-    return {"models": rows}
-
-
-def show(card: ModelCard) -> dict[str, object]:
-    """``POST /api/show``: what the cluster knows of the model. There is no Modelfile: the chat
-    template is the model's own tokenizer's, applied by the runner."""
-    arch = card.architecture
-    family = arch.family
-    return {
-        "modelfile": "",
-        "parameters": "",
-        "template": "",
-        "details": details(card),
-        "model_info": {
-            "general.architecture": family,
-            f"{family}.context_length": card.context_length,
-            f"{family}.block_count": arch.layers,
-            f"{family}.embedding_length": arch.hidden_size,
-            f"{family}.attention.head_count": arch.heads,
-            f"{family}.attention.head_count_kv": arch.kv_heads,
-            f"{family}.vocab_size": arch.vocab,
-        },
-        "capabilities": ["completion"],
-        "modified_at": _NO_TIME,
-    }
+        return model_name({"model": obj["name"]})
+    return model_name(obj)
