@@ -12,12 +12,12 @@ from anthropic.types import message_count_tokens_params, message_create_params
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.types.responses import response_create_params
-from skulk.runner.protocol import TO_RUNNER
 
 from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._errors import ApiError
 from skulk.api._request import GenerateRequest
 from skulk.api._responses_parse import parse_responses
+from skulk.engine.protocol import TO_RUNNER
 from skulk.wire.runner import Generate
 from tests.unit.test_openai_schema import FAST, field_values, json_values, mostly
 
