@@ -177,12 +177,7 @@ async def serve(
 
     def make_service(a: Assignment) -> ModelService:
         card, shard = a.card, a.shard
-        # The last rank also fetches the embedding, tied head or not: a checkpoint may carry
-        # a head tensor its config ties away (mlx-lm then drops it and uses the embedding),
-        # and a missing tensor would load as zeros from the sparse store.
-        part = ShardSlice(
-            a.sharding, shard.start, shard.end, card.architecture.layers, tied_embeddings=True
-        )
+        part = ShardSlice(a.sharding, shard.start, shard.end, card.architecture.layers)
 
         async def resolve() -> Path:
             """The weights this rank needs, here (fetched from a holder if need be)."""

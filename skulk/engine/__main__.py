@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from skulk.engine._child import main
+from skulk.engine._main import main
 
 
 def _cli() -> int:

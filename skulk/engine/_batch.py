@@ -3,7 +3,7 @@
 A request goes through two stages on the runner's main thread:
 
 * :class:`Prefill` computes its prompt into a cache of its own, one chunk of at most
-  :data:`~skulk.engine._engine.PREFILL_STEP` tokens per call (fewer on a slow model:
+  :data:`~skulk.engine._budget.PREFILL_STEP` tokens per call (fewer on a slow model:
   :class:`PrefillPacer`), so the runner can run a decode step of the running streams between
   two chunks of a long prompt (nothing stalls for a whole prompt). Its last prompt token goes
   through the model alone and gives the first sampled token.
@@ -29,22 +29,24 @@ cache is extracted back into a plain one.
 As in mlx-lm's own ``generate_step``, the next tokens are computed asynchronously while the
 current ones are handed out, so host and device overlap.
 
-Plain data and mlx, no I/O: the runner's loop (:mod:`skulk.engine._child`) decides when to run
-a prefill chunk and when a decode step.
+Plain data and mlx, no I/O: the runner's scheduler (:mod:`skulk.engine._scheduler`) decides
+when to run a prefill chunk and when a decode step. Every pass and every change of a cache's
+layout goes through the engine's :class:`~skulk.engine._forward.Forward`, which on a sharded
+instance is distributed.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import attrs
 import mlx.core as mx
 
-from skulk.engine._engine import PREFILL_STEP, Engine, Step, TokenOutput
+from skulk.engine._budget import PREFILL_STEP
+from skulk.engine._engine import Engine, Step, TokenOutput
 from skulk.engine._grammar import Constraint, mask_rows
-from skulk.engine._rows import drop_row, join_rows, sample_rows
+from skulk.engine._rows import sample_rows
 from skulk.engine._sampling import Sampler
 from skulk.engine._speculate import NGramProposer, SpeculationController, SpeculativeDecoder
 from skulk.engine._tool_parse import ToolText
@@ -133,13 +135,13 @@ class Prefill:
         remaining = len(prompt) - self._pos
         if remaining > 1:
             n = max(1, min(most, remaining - 1))
-            self._engine.model(mx.array(prompt[self._pos : self._pos + n])[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
+            chunk = mx.array(prompt[self._pos : self._pos + n])[None]
+            self._engine.forward.fill(chunk, self.cache)
             self._pos += n
             self.row.fed = self._pos
             self.chunks += 1
             return None
-        logits = self._engine.model(mx.array(prompt[self._pos :])[None], cache=self.cache)
+        logits = self._engine.forward(mx.array(prompt[self._pos :])[None], self.cache)
         last = logits[:, -1, :]
         if self.row.constraint is not None:  # the first token is constrained too
             last = self.row.constraint.mask(last)
@@ -147,59 +149,6 @@ class Prefill:
         _async_eval(first)
         self.row.fed = len(prompt)
         return first
-
-
-#: A prefill chunk aims to take about this long (see :class:`PrefillPacer`).
-PREFILL_TARGET_SECONDS = 0.25
-#: The fewest tokens a prefill chunk holds (while more remain), and the first chunk's size
-#: before anything was measured.
-PREFILL_LEAST = 16
-PREFILL_FIRST = 32
-
-
-class PrefillPacer:
-    """Sizes prefill chunks so that each takes about ``target`` seconds, from what earlier
-    chunks took per token (a moving average over the runner's chunks, so a model's speed is
-    learned once): a chunk is at most :data:`~skulk.engine._engine.PREFILL_STEP` tokens, and
-    fewer where the model is slow. On a fast model that is every chunk; on a slow one (a large
-    model on a CPU: 30 ms or more a token) a 512-token chunk would stall the running streams —
-    and the runner's loop, whose heartbeat proves it alive — for many seconds, long enough to
-    be taken for a wedged runner. The runner sizes its embedding groups the same way
-    (:meth:`budget`), and feeds their times in too. Sans-IO: the caller times the passes."""
-
-    def __init__(
-        self,
-        target: float = PREFILL_TARGET_SECONDS,
-        least: int = PREFILL_LEAST,
-        most: int = PREFILL_STEP,
-        first: int = PREFILL_FIRST,
-        smoothing: float = 0.5,
-    ) -> None:
-        self._target, self._least, self._most = target, least, most
-        self._first, self._smoothing = first, smoothing
-        self.seconds_per_token: float | None = None
-
-    def size(self) -> int:
-        """The most tokens the next chunk should compute."""
-        return self.budget(self._most)
-
-    def budget(self, most: int) -> int:
-        """The most tokens a forward pass over fresh tokens (a prefill chunk, an embedding
-        group) should compute, at most ``most``."""
-        spt = self.seconds_per_token
-        if spt is None:
-            return min(most, self._first)
-        if spt <= 0:
-            return most
-        return max(min(self._least, most), min(most, int(self._target / spt)))
-
-    def record(self, tokens: int, seconds: float) -> None:
-        """A chunk of ``tokens`` tokens took ``seconds``."""
-        if tokens <= 0:
-            return
-        spt = max(seconds, 0.0) / tokens
-        old = self.seconds_per_token
-        self.seconds_per_token = spt if old is None else old + self._smoothing * (spt - old)
 
 
 class Batch:
@@ -223,7 +172,7 @@ class Batch:
         if self.rows:
             assert self._pending is not None
             first = mx.concatenate([self._pending, first])
-        self._cache = join_rows(self._cache, len(self.rows), cache)
+        self._cache = self._engine.forward.join(self._cache, len(self.rows), cache)
         self._pending = first
         self.rows.append(row)
 
@@ -279,7 +228,7 @@ class Batch:
                 controller = SpeculationController(self.speculative_tokens)
                 spec = row.speculation = Speculation(NGramProposer(), controller)
             self._decoder = SpeculativeDecoder(
-                self._engine.model,
+                self._engine.forward,
                 self._cache,
                 row.sampler,
                 self._pending,
@@ -287,6 +236,7 @@ class Batch:
                 row.out.max_tokens - row.out.completion_tokens,
                 controller=spec.controller,
                 proposer=spec.proposer,
+                trim=self._engine.forward.trim,
             )
             self._pending = None
         steps = _hand_out(row, self._decoder.step())
@@ -309,7 +259,7 @@ class Batch:
         return steps
 
     def _forward(self, tokens: mx.array) -> mx.array:
-        logits = self._engine.model(tokens[:, None], cache=self._cache)[:, -1, :]
+        logits = self._engine.forward(tokens[:, None], self._cache)[:, -1, :]
         constraints = [r.constraint if r.finish_reason is None else None for r in self.rows]
         logits = mask_rows(logits, constraints)
         return sample_rows(logits, [r.sampler for r in self.rows])
@@ -318,7 +268,8 @@ class Batch:
         """Take ``row`` out of the batch; with ``keep_cache``, return its own single-row cache
         (holding ``row.fed`` tokens) for the prefix cache."""
         i = self.rows.index(row)
-        self._cache, own, keep = drop_row(self._cache, len(self.rows), i, keep_cache=keep_cache)
+        forward = self._engine.forward
+        self._cache, own, keep = forward.drop(self._cache, len(self.rows), i, keep_cache=keep_cache)
         if not keep:
             self._pending, self._decoder = None, None
         elif self._pending is not None:
@@ -349,86 +300,3 @@ def _hand_out(row: Row, tokens: list[int]) -> list[tuple[Row, Step]]:
 def batchable(cache: list[Any]) -> bool:
     """Whether every layer's cache type can be merged into a batch (mlx-lm's ``merge``)."""
     return all(callable(getattr(type(c), "merge", None)) for c in cache)
-
-
-#: Without ``--kv-cache-memory`` a runner gives running requests' KV state this fraction of the
-#: memory the machine had available once its weights were loaded, and never less than one
-#: request of the model's full context (what placement admitted the instance with).
-DEFAULT_KV_FRACTION = 0.5
-
-
-@attrs.define
-class KvBudget:
-    """KV-cache bytes reserved for admitted requests, at most ``capacity``.
-
-    A request reserves ``(prompt + its most new tokens) * bytes_per_token`` up front (its most
-    new tokens: ``max_tokens``, capped at what the context leaves; the whole rest of the context
-    without one), so the tokens it may still generate can never run the runner out of memory.
-    """
-
-    capacity: int
-    bytes_per_token: int
-    context_length: int
-    used: int = 0
-
-    def need(self, prompt_tokens: int, max_tokens: int | None) -> int:
-        room = self.context_length - prompt_tokens
-        new = room if max_tokens is None else min(max_tokens, room)
-        return (prompt_tokens + new) * self.bytes_per_token
-
-    def refusal(self, prompt_tokens: int, max_tokens: int | None) -> tuple[str, str] | None:
-        """``(reason, message)`` for a request that could not fit even alone, else ``None``:
-        ``prompt_too_long`` when its prompt alone (and one token) does not, else
-        ``max_tokens_too_large``."""
-        if self.need(prompt_tokens, 1) > self.capacity:
-            return "prompt_too_long", (
-                f"the prompt has {prompt_tokens} tokens; this runner's KV cache holds at most "
-                f"{self.capacity // self.bytes_per_token - 1} prompt tokens"
-            )
-        if self.need(prompt_tokens, max_tokens) > self.capacity:
-            most = self.capacity // self.bytes_per_token - prompt_tokens
-            asked = (
-                "no max_tokens (the rest of the context)"
-                if max_tokens is None
-                else (f"max_tokens {max_tokens}")
-            )
-            return "max_tokens_too_large", (
-                f"{asked} with a prompt of {prompt_tokens} tokens does not fit this runner's KV "
-                f"cache: max_tokens can be at most {most}"
-            )
-        return None
-
-    def fits(self, need: int) -> bool:
-        return self.used + need <= self.capacity
-
-    def take(self, need: int) -> None:
-        self.used += need
-
-    def release(self, need: int) -> None:
-        self.used = max(0, self.used - need)
-
-
-def default_kv_budget(bytes_per_token: int, context_length: int, available: int) -> int:
-    """The KV budget without ``--kv-cache-memory``: see :data:`DEFAULT_KV_FRACTION`."""
-    return max(bytes_per_token * context_length, int(available * DEFAULT_KV_FRACTION))
-
-
-def kv_capacity(configured: int | None, bytes_per_token: int, context_length: int) -> int:
-    """A runner's KV budget in bytes: ``configured`` (``--kv-cache-memory``), else the default
-    (:func:`default_kv_budget`) of the memory available now."""
-    if configured is not None:
-        return configured
-    return default_kv_budget(bytes_per_token, context_length, available_memory())
-
-
-def available_memory() -> int:
-    """Bytes of memory the machine has free now (free pages; where the platform cannot say, as
-    on macOS, its physical memory), 0 when it says nothing."""
-    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
-        try:
-            pages = int(os.sysconf(name)) * int(os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            continue
-        if pages > 0:
-            return pages
-    return 0

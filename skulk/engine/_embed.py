@@ -117,7 +117,7 @@ def embed_group(engine: Engine, group: Sequence[Sequence[int]]) -> list[tuple[fl
     """One forward pass over ``group`` (right-padded), pooled: one vector per input."""
     width = max(len(ids) for ids in group)
     padded = mx.array([list(ids) + [0] * (width - len(ids)) for ids in group])
-    hidden = engine.model.model(padded)
+    hidden = engine.forward.hidden(padded)
     return _rows(pool(hidden, [len(ids) for ids in group]))
 
 
@@ -139,7 +139,7 @@ class _Chunked:
     def advance(self, engine: Engine, ids: Sequence[int], most: int) -> tuple[float, ...] | None:
         """Compute the next ``most`` tokens; the input's vector once all are in, else None."""
         piece = ids[self.done : self.done + most]
-        hidden = engine.model.model(mx.array([list(piece)]), cache=self.cache)
+        hidden = engine.forward.hidden(mx.array([list(piece)]), self.cache)
         part = hidden.astype(mx.float32).sum(axis=1)
         self.total = part if self.total is None else self.total + part
         mx.eval(self.total)

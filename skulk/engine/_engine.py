@@ -25,13 +25,12 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
+from skulk.engine._forward import Forward
 from skulk.engine._logprobs import PendingLogprobs, token_bytes
 from skulk.engine._prompt_bound import max_chars_per_token
-from skulk.engine._rows import kv_bytes_per_token
 from skulk.engine._sampling import check_params
 from skulk.engine._stops import StopMatcher
 from skulk.engine._tools import chat_inputs
@@ -44,7 +43,6 @@ from skulk.wire.runner import (
     TokenLogprob,
 )
 
-PREFILL_STEP = 512
 DEFAULT_CONTEXT = 4096
 
 
@@ -77,30 +75,32 @@ class Engine:
     without being tokenized.
     """
 
-    def __init__(self, model: Any, tokenizer: TokenizerWrapper, context_length: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: TokenizerWrapper,
+        context_length: int,
+        forward: Forward | None = None,
+    ) -> None:
         self.model = model
+        self.forward = Forward(model) if forward is None else forward
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.vocab_size = int(model.args.vocab_size) if hasattr(model, "args") else len(tokenizer)
         self.max_chars_per_token = _chars_per_token(tokenizer)
-        self._kv_bytes_per_token: int | None = None
 
     def new_cache(self) -> list[Any]:
         """A fresh single-row KV cache for this model (one entry per layer)."""
-        cache: list[Any] = make_prompt_cache(self.model)
-        return cache
+        return self.forward.new_cache()
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of KV cache one token of one request takes, over all layers: measured once by
-        running one token through the model (keys and values as the model's layers store them,
-        so kv heads, head dim and dtype are whatever the checkpoint says). Layers whose cache
-        does not grow per token (recurrent state) count nothing. Main thread only (mlx)."""
-        if self._kv_bytes_per_token is None:
-            cache = self.new_cache()
-            self.model(mx.array([[0]]), cache=cache)
-            self._kv_bytes_per_token = kv_bytes_per_token(cache)
-        return self._kv_bytes_per_token
+        """Bytes of KV cache one token of one request takes, over all layers (of this rank):
+        measured once by running one token through the model (keys and values as the model's
+        layers store them, so kv heads, head dim and dtype are whatever the checkpoint says).
+        Layers whose cache does not grow per token (recurrent state) count nothing. Main
+        thread only (mlx)."""
+        return self.forward.bytes_per_token()
 
     @classmethod
     def load(cls, path: Path, progress: Callable[[int, int], None]) -> Engine:

@@ -21,10 +21,12 @@ request that reuses one gets a copy, which is part of that request's own reserva
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import KVCache, LRUPromptCache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, LRUPromptCache
+
+if TYPE_CHECKING:
+    from skulk.engine._forward import Forward
 
 #: Without ``--prefix-cache-memory``: 256 MiB of kept prefixes per runner.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
@@ -32,10 +34,13 @@ _MODEL = "model"  # LRUPromptCache keys entries by model too; a runner has one
 
 
 class PrefixCache:
-    """Kept KV state of token prefixes, at most ``max_bytes`` (``0``: keeps nothing)."""
+    """Kept KV state of token prefixes, at most ``max_bytes`` (``0``: keeps nothing). Entries
+    are made and copied through ``forward`` (:class:`~skulk.engine._forward.Forward`), so on a
+    sharded instance every rank keeps the same entries of its own layers."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, forward: Forward) -> None:
         self.max_bytes = max_bytes
+        self._forward = forward
         self._lru = LRUPromptCache(max_size=1 << 62, max_bytes=max_bytes)
         self.hits = 0
         self.reused_tokens = 0
@@ -60,32 +65,31 @@ class PrefixCache:
         cache, rest = self._lru.fetch_nearest_cache(_MODEL, list(tokens))
         if cache is None:
             return None
-        reused = len(tokens) - len(rest)
-        if reused >= len(tokens):  # the whole prompt is kept: compute its last token again
-            trim_prompt_cache(cache, reused - len(tokens) + 1)
-            reused = len(tokens) - 1
+        # the whole prompt kept: compute its last token again
+        reused = min(len(tokens) - len(rest), len(tokens) - 1)
         if reused <= 0:
             return None
         self.hits += 1
         self.reused_tokens += reused
-        return list(cache), reused
+        return self._forward.copy(cache, reused), reused
 
     def store(self, tokens: Sequence[int], cache: Sequence[Any]) -> None:
         """Keep ``cache`` (a row's single-row cache) as the state of ``tokens``; the cache must
         hold at least ``len(tokens)`` tokens (more are cut off)."""
-        if self.max_bytes <= 0 or not tokens or not self.supports(cache):
+        if self.max_bytes <= 0 or not tokens:
             return
-        n = len(tokens)
-        kept = []
-        for c in cache:
-            if c.keys is None or c.offset < n:
-                return
-            entry = KVCache()  # type: ignore[no-untyped-call]
-            entry.keys = mx.contiguous(c.keys[..., :n, :])
-            entry.values = mx.contiguous(c.values[..., :n, :])
-            entry.offset = n
-            kept.append(entry)
-        if sum(e.nbytes for e in kept) > self.max_bytes:
+        if not self.supports(cache) or any(c.keys is None or c.offset < len(tokens) for c in cache):
             return
-        mx.eval([(e.keys, e.values) for e in kept])
-        self._lru.insert_cache(_MODEL, list(tokens), kept)
+        if sum(_entry_bytes(c, len(tokens)) for c in cache) > self.max_bytes:
+            return
+        kept = self._forward.keep(cache, len(tokens))
+        if kept is not None:
+            self._lru.insert_cache(_MODEL, list(tokens), kept)
+
+
+def _entry_bytes(layer: Any, n: int) -> int:
+    """The bytes ``n`` tokens of a ``KVCache`` layer take once kept."""
+    k, v = layer.keys, layer.values
+    per = k.shape[0] * k.shape[1] * k.shape[3] * k.dtype.size
+    per += v.shape[0] * v.shape[1] * v.shape[3] * v.dtype.size
+    return int(per * n)

@@ -11,29 +11,32 @@ weight with mlx-lm's ``model.shard(group)`` before evaluating.
 **Pipeline** (:class:`PipelineShard`). Our own generic slicing of ``model.model.layers`` (mlx-lm
 has ``pipeline()`` only for some families, not llama): rank ``r`` keeps layers ``[start, end)``
 and a KV cache for those alone. On a rank after the first the token embedding is replaced by
-:class:`_Receive` (the hidden state arrives from rank ``r - 1``); on a rank before the last the
-final norm is replaced by :class:`_Send` (the hidden state goes to rank ``r + 1``) and the head
-is dropped. The model's own ``__call__`` runs unchanged around them (masks, caches and any
-family quirks included), which is why a pipeline instance computes exactly what one process
-computes. The last rank computes the logits and samples; the tokens (one per row of the decode
-batch) go back to rank 0 (its right neighbour in the ring) for the next step. Embedding and
-head are computed only where they are needed. Verified for llama and qwen2 (tests compare
-logits and tokens with one process); a family whose model call transforms the embedding's
-output itself (gemma scales it) would apply that again on later ranks and needs checking
-before it is offered.
+:class:`_Receive` (the hidden state arrives from rank ``r - 1``) and the final norm by
+:class:`_Send` (the hidden state goes to rank ``r + 1``; from the last rank, back to rank 0),
+and the head is dropped. Rank 0 keeps the embedding, the final norm and the head: its norm is
+wrapped in :class:`_RoundTrip`, which sends its layers' output along the ring and norms what
+comes back. So the logits come out on rank 0, where the scheduler samples, masks and
+speculates exactly as one process does; the model's own ``__call__`` runs unchanged around
+these stand-ins (masks, caches and any family quirks included), which is why a pipeline
+instance computes exactly what one process computes. What comes back is one hidden state per
+position (``hidden`` values), not the logits (``vocab`` values). Verified for llama and qwen2
+(tests compare tokens with one process); a family whose model call transforms the
+embedding's output itself (gemma scales it) would apply that again on later ranks and needs
+checking before it is offered.
 
 **Tensor** (:class:`TensorShard`). ``model.shard(group)``: every rank runs every layer on its
 slice of the heads and of the MLP, with an ``all_sum`` after each attention and MLP block. Rank
-0 alone computes the head and samples; the other ranks stop at the final norm (they need the
-same collectives, not the logits).
+0 alone computes the head; the other ranks stop at the final norm (they need the same
+collectives, not the logits).
 
-Every evaluation here that contains a distributed operation is returned to the caller, which
-runs it under the collective watchdog; nothing here waits on a peer by itself.
+Rank 0's passes stay lazy for the scheduler to evaluate; the other ranks evaluate theirs in
+:meth:`Shard.follow`. The caller runs both under the collective watchdog; nothing here waits
+on a peer by itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,10 +46,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from skulk.engine._rows import sample_rows
-from skulk.engine._sampling import Sampler
 from skulk.models import ShardSlice, needed_tensors
-from skulk.wire.runner import SamplingParams, ShardSpec
+from skulk.wire.runner import ShardSpec
 
 _async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
 _Module: Any = nn.Module  # type: ignore[attr-defined]  # mlx.nn: no type information
@@ -101,88 +102,103 @@ def check_sharding(model: Any, config: dict[str, Any], spec: ShardSpec) -> None:
         )
 
 
-def shard_slice(config: dict[str, Any], spec: ShardSpec, layers: int) -> ShardSlice:
-    tied = bool(config.get("tie_word_embeddings", False))
-    return ShardSlice(spec.sharding, spec.start, spec.end, layers, tied)
+def shard_slice(spec: ShardSpec, layers: int) -> ShardSlice:
+    return ShardSlice(spec.sharding, spec.start, spec.end, layers)
 
 
 class _Receive(_Module):  # type: ignore[misc]
     """Stands in for the token embedding on a pipeline rank after the first: the hidden state
-    for these positions comes from the previous rank. Keeps the real embedding only for a
-    head tied to it (``as_linear``)."""
+    for these positions comes from the previous rank."""
 
-    def __init__(self, src: int, hidden: int, dtype: mx.Dtype, group: Any, tied: Any) -> None:
+    def __init__(self, src: int, hidden: int, dtype: mx.Dtype, group: Any) -> None:
         super().__init__()
         self._src, self._hidden, self._dtype, self._group = src, hidden, dtype, group
-        if tied is not None:
-            self.embedding = tied
 
     def __call__(self, inputs: mx.array) -> mx.array:
         shape = (*inputs.shape, self._hidden)
         return mx.distributed.recv(shape, self._dtype, self._src, group=self._group)
 
-    def as_linear(self, x: mx.array) -> mx.array:
-        embedding = cast(Any, self).get("embedding")
-        if embedding is None:
-            raise RuntimeError("this pipeline rank holds no embedding for a tied head")
-        return cast(mx.array, embedding.as_linear(x))
-
 
 class _Send(_Module):  # type: ignore[misc]
-    """Stands in for the final norm on a pipeline rank before the last: hands the hidden
-    state to the next rank."""
+    """Stands in for the final norm on a pipeline rank after the first: hands the hidden
+    state to the next rank (the last rank: back to rank 0, when rank 0 needs it: ``enabled``)."""
 
     def __init__(self, dst: int, group: Any) -> None:
         super().__init__()
         self._dst, self._group = dst, group
+        self.enabled = True
 
     def __call__(self, h: mx.array) -> mx.array:
-        return mx.distributed.send(h, self._dst, group=self._group)
+        return mx.distributed.send(h, self._dst, group=self._group) if self.enabled else h
+
+
+class _RoundTrip(_Module):  # type: ignore[misc]
+    """Wraps the final norm on a pipeline's rank 0: the hidden state goes to rank 1, through
+    every later rank's layers and back from the last one, and only then is normed here (rank
+    0 holds the norm and the head, so the logits are where the scheduler samples). With
+    ``back`` false (a prefill chunk) it is only sent. The send is queued before the receive
+    is built: one stream, so it goes out first."""
+
+    def __init__(self, norm: Any, world: int, group: Any) -> None:
+        super().__init__()
+        self.norm = norm
+        self._world, self._group = world, group
+        self.back = True
+
+    def __call__(self, h: mx.array) -> mx.array:
+        sent = mx.distributed.send(h, 1, group=self._group)
+        if not self.back:
+            return sent
+        _async_eval(sent)
+        got = mx.distributed.recv(h.shape, h.dtype, self._world - 1, group=self._group)
+        return cast(mx.array, self.norm(got))
 
 
 class _Absent(_Module):  # type: ignore[misc]
-    """Stands in for a part of the model this rank does not hold (the head before the last
-    pipeline rank); calling it is a bug."""
+    """Stands in for a part of the model this rank does not hold (the head after a
+    pipeline's rank 0); calling it is a bug."""
 
     def __call__(self, *args: object) -> mx.array:
         raise RuntimeError("this pipeline rank does not hold this part of the model")
 
 
 class Shard:
-    """What one rank computes. ``sampling`` says whether this rank samples the tokens;
-    ``prefill``/``decode`` return the arrays to evaluate (under the watchdog) and, for
-    ``decode`` on the rank that learns the token (rank 0), the token array."""
-
-    sampling: bool
-    vocab_size: int
+    """What one rank computes. Rank 0 (:meth:`logits`, :meth:`hidden`, :meth:`fill`) runs the
+    scheduler's passes, the logits and hidden states coming out on rank 0; every other rank
+    runs its part of the same pass with :meth:`follow`. Nothing is evaluated here but by
+    :meth:`fill` and :meth:`follow` (under the caller's watchdog)."""
 
     def __init__(self, model: Any, spec: ShardSpec, group: Any) -> None:
         self.model = model
         self.spec = spec
         self.group = group
-        self.vocab_size = int(model.args.vocab_size)
 
     def new_cache(self) -> list[Any]:
         cache: list[Any] = make_prompt_cache(self.model)
         return cache
 
-    def sampler(self, params: SamplingParams) -> Sampler | None:
-        return Sampler(params, self.vocab_size) if self.sampling else None
+    def tokens(self, tokens: mx.array) -> mx.array:
+        """What rank 0 embeds: ``tokens`` (a tensor group shares them, see :class:`TensorShard`)."""
+        return tokens
 
-    def prefill(self, tokens: mx.array, cache: list[Any]) -> list[Any]:
+    def logits(self, tokens: mx.array, cache: list[Any] | None) -> mx.array:
+        out: mx.array = self.model(self.tokens(tokens), cache=cache)
+        return out
+
+    def hidden(self, tokens: mx.array, cache: list[Any] | None) -> mx.array:
+        out: mx.array = self.model.model(self.tokens(tokens), cache=cache)
+        return out
+
+    def fill(self, tokens: mx.array, cache: list[Any]) -> None:
         raise NotImplementedError
 
-    def decode(
-        self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
-    ) -> tuple[list[Any], mx.array | None]:
-        """One decode step of a batch: ``tokens`` ``(rows, 1)``, ``cache`` the batch's caches
-        (:mod:`skulk.engine._rows`), ``samplers`` one per row on the sampling rank. Rank 0
-        gets back the sampled ``(rows,)`` tokens."""
+    def follow(self, rows: int, length: int, cache: list[Any] | None, back: bool) -> None:
+        """Run this rank's part of rank 0's pass over ``rows`` x ``length`` tokens."""
         raise NotImplementedError
 
 
-def _states(cache: list[Any]) -> list[Any]:
-    return [c.state for c in cache]
+def _states(cache: list[Any] | None) -> list[Any]:
+    return [] if cache is None else [c.state for c in cache]
 
 
 def _flat(tree: Any) -> list[tuple[str, Any]]:
@@ -194,53 +210,39 @@ class PipelineShard(Shard):
 
     def __init__(self, model: Any, spec: ShardSpec, group: Any) -> None:
         super().__init__(model, spec, group)
-        self.first = spec.rank == 0
-        self.last = spec.rank == spec.world - 1
-        self.sampling = self.last
+        self._norm = model.model.norm  # rank 0: the round trip; later ranks: the send
 
-    def prefill(self, tokens: mx.array, cache: list[Any]) -> list[Any]:
-        out = self.model.model(tokens, cache=cache)
-        return [out, *_states(cache)]
+    def fill(self, tokens: mx.array, cache: list[Any]) -> None:
+        self._norm.back = False
+        try:
+            mx.eval([self.model.model(tokens, cache=cache), *_states(cache)])
+        finally:
+            self._norm.back = True
 
-    def decode(
-        self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
-    ) -> tuple[list[Any], mx.array | None]:
-        if self.last:
-            assert samplers is not None
-            logits = self.model(tokens, cache=cache)[:, -1, :]
-            sampled = sample_rows(logits, samplers).astype(mx.int32).reshape(-1)
-            sent = mx.distributed.send(sampled, 0, group=self.group)
-            return [sent, *_states(cache)], None
-        out = self.model.model(tokens, cache=cache)
-        work = [out, *_states(cache)]
-        if not self.first:
-            return work, None
-        _async_eval(work)  # before the receive: one stream, so the send goes out first
-        rows = tokens.shape[0]
-        back = mx.distributed.recv((rows,), mx.int32, self.spec.world - 1, group=self.group)
-        return [back], back
+    def follow(self, rows: int, length: int, cache: list[Any] | None, back: bool) -> None:
+        last = self.spec.rank == self.spec.world - 1
+        self._norm.enabled = back or not last
+        try:
+            shape = mx.zeros((rows, length), dtype=mx.int32)  # only the shape matters here
+            mx.eval([self.model.model(shape, cache=cache), *_states(cache)])
+        finally:
+            self._norm.enabled = True
 
 
 class TensorShard(Shard):
-    """Every layer, on this rank's slice of the heads and of the MLP."""
+    """Every layer, on this rank's slice of the heads and of the MLP; rank 0 alone computes
+    the head. Every rank embeds, so rank 0's tokens reach the others inside the pass (an
+    ``all_sum`` of rank 0's tokens and everyone else's zeros)."""
 
-    def __init__(self, model: Any, spec: ShardSpec, group: Any) -> None:
-        super().__init__(model, spec, group)
-        self.sampling = spec.rank == 0
+    def tokens(self, tokens: mx.array) -> mx.array:
+        return mx.distributed.all_sum(tokens.astype(mx.int32), group=self.group)
 
-    def prefill(self, tokens: mx.array, cache: list[Any]) -> list[Any]:
-        out = self.model.model(tokens, cache=cache)
-        return [out, *_states(cache)]
+    def fill(self, tokens: mx.array, cache: list[Any]) -> None:
+        mx.eval([self.model.model(self.tokens(tokens), cache=cache), *_states(cache)])
 
-    def decode(
-        self, tokens: mx.array, cache: list[Any], samplers: Sequence[Sampler] | None
-    ) -> tuple[list[Any], mx.array | None]:
-        if samplers is None:
-            out = self.model.model(tokens, cache=cache)
-            return [out, *_states(cache)], None
-        logits = self.model(tokens, cache=cache)[:, -1, :]
-        sampled = sample_rows(logits, samplers).astype(mx.int32).reshape(-1)
-        return [sampled, *_states(cache)], sampled
+    def follow(self, rows: int, length: int, cache: list[Any] | None, back: bool) -> None:
+        zeros = mx.zeros((rows, length), dtype=mx.int32)
+        mx.eval([self.hidden(zeros, cache), *_states(cache)])
 
 
 def load_shard(
@@ -257,7 +259,7 @@ def load_shard(
         _evaluate(model, progress)
         return TensorShard(model, spec, group)
     inner = model.model
-    part = shard_slice(config, spec, len(inner.layers))
+    part = shard_slice(spec, len(inner.layers))
     params = _flat(model.parameters())
     wanted = set(needed_tensors([n for n, _ in params], part))
     keep = {id(v) for n, v in params if n in wanted}
@@ -266,12 +268,11 @@ def load_shard(
     dtype = embed.scales.dtype if hasattr(embed, "scales") else embed.weight.dtype
     inner.layers = inner.layers[spec.start : spec.end]
     _relocate_layer_indices(inner)
-    if not part.first:
-        # The last rank keeps the embedding when the head is tied to it (the rule says so).
-        tied = any(id(v) in keep for _, v in _flat(embed.parameters()))
-        inner.embed_tokens = _Receive(spec.rank - 1, hidden, dtype, group, embed if tied else None)
-    if not part.last:
-        inner.norm = _Send(spec.rank + 1, group)
+    if part.first:
+        inner.norm = _RoundTrip(inner.norm, spec.world, group)
+    else:
+        inner.embed_tokens = _Receive(spec.rank - 1, hidden, dtype, group)
+        inner.norm = _Send((spec.rank + 1) % spec.world, group)
         if "lm_head" in model:
             model.lm_head = _Absent()
     stray = [n for n, v in _flat(model.parameters()) if id(v) not in keep]

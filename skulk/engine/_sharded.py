@@ -37,8 +37,15 @@ from mlx_lm.utils import load_tokenizer
 from skulk.engine._engine import DEFAULT_CONTEXT, Engine
 from skulk.engine._link import Link
 from skulk.engine._prepare import load_failure_reason, log_failure, shorten
-from skulk.engine._shard import ShardingUnsupported, check_sharding, load_shard, open_model
-from skulk.engine._sharded_loop import CollectiveError, Lockstep
+from skulk.engine._serve import warm_and_serve
+from skulk.engine._shard import (
+    Shard,
+    ShardingUnsupported,
+    check_sharding,
+    load_shard,
+    open_model,
+)
+from skulk.engine._sharded_forward import CollectiveError, Follower, ShardForward
 from skulk.engine._watchdog import COLLECTIVE_FAILED_EXIT_CODE, CollectiveWatchdog, init_alarm
 from skulk.engine.faults import Faults
 from skulk.wire.runner import (
@@ -106,19 +113,26 @@ def _run(link: Link, load: Load, spec: ShardSpec, faults: Faults, load_timeout: 
     watchdog = CollectiveWatchdog(link.send_within)
     link.trace = watchdog.take_trace
     try:
-        shard, engine, context = _load(link, path, model, config, spec, group, faults)
+        shard, context = _load(link, model, config, spec, group, faults)
     except (BrokenPipeError, ConnectionResetError):
         raise
     except Exception as exc:
         log_failure("could not load the shard", exc)
         link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
         return 2
-    loop = Lockstep(link, shard, engine, watchdog, faults, load, context)
     try:
-        loop.barrier(max(load_timeout, spec.collective_timeout))
+        if spec.rank == 0:  # rank 0 alone tokenizes, schedules and talks to the node
+            forward = ShardForward(shard, watchdog)
+            forward.barrier(max(load_timeout, spec.collective_timeout))
+            link.send(Loaded(model_id=load.model_id, context_length=context))
+            tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))  # type: ignore[no-untyped-call]
+            engine = Engine(shard.model, tokenizer, context, forward)
+            return warm_and_serve(link, engine, faults, load)
+        follower = Follower(link, shard, watchdog, faults, load, context)
+        follower.barrier(max(load_timeout, spec.collective_timeout))
         link.send(Loaded(model_id=load.model_id, context_length=context))
         faults.hit("warm")
-        return loop.run()
+        return follower.run()
     except CollectiveError as exc:
         log.error("runner: %s", exc)
         if (trace := watchdog.take_trace()) is not None:
@@ -148,21 +162,15 @@ def join_group(spec: ShardSpec) -> Any:
 
 def _load(
     link: Link,
-    path: Path,
     model: Any,
     config: dict[str, Any],
     spec: ShardSpec,
     group: Any,
     faults: Faults,
-) -> tuple[Any, Engine | None, int]:
+) -> tuple[Shard, int]:
     def progress(n: int, total: int) -> None:
         link.send(LoadProgress(loaded=n, total=total))
         faults.hit("load")
 
     shard = load_shard(model, config, spec, group, progress)
-    context = int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
-    engine = None
-    if spec.rank == 0:  # rank 0 alone tokenizes, detokenizes and talks to the node
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))  # type: ignore[no-untyped-call]
-        engine = Engine(shard.model, tokenizer, context)
-    return shard, engine, context
+    return shard, int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)

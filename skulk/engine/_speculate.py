@@ -78,6 +78,13 @@ DEFAULT_MIN_NGRAM: Final = 1
 
 _async_eval = cast(Callable[..., None], mx.async_eval)  # untyped in mlx's stubs
 
+#: Drops the last ``n`` positions of a cache (a rejected draft's).
+Trim = Callable[[Sequence[Any], int], None]
+
+
+def _trim(cache: Sequence[Any], n: int) -> None:
+    trim_prompt_cache(list(cache), n)
+
 
 class SpeculationUnsupported(Exception):
     """The model's cache cannot drop a rejected draft (a state-space layer, a sliding window
@@ -168,9 +175,15 @@ class Verification:
     Nothing else may use the cache or the sampler in between."""
 
     def __init__(
-        self, cache: Sequence[Any], sampler: Sampler, draft: list[int], samples: mx.array
+        self,
+        cache: Sequence[Any],
+        sampler: Sampler,
+        draft: list[int],
+        samples: mx.array,
+        trim: Trim = _trim,
     ) -> None:
         self.draft = draft
+        self._trim = trim
         self._cache = cache
         self._sampler = sampler
         self._samples = samples
@@ -187,7 +200,7 @@ class Verification:
         while m < len(self.draft) and sampled[m] == self.draft[m]:
             m += 1
         self._sampler.commit(m + 1)
-        trim_prompt_cache(list(self._cache), len(self.draft) - m)
+        self._trim(self._cache, len(self.draft) - m)
         return self.draft[:m], sampled[m]
 
 
@@ -197,6 +210,7 @@ def start_verification(
     sampler: Sampler,
     pending: int | mx.array,
     draft: Sequence[int],
+    trim: Trim = _trim,
 ) -> Verification:
     """Queue the model on ``[pending, *draft]`` and the sampling of its ``k + 1`` rows, without
     waiting; ``pending`` may be an array still being computed. Raises
@@ -210,7 +224,7 @@ def start_verification(
     logits = model(block[None], cache=cache)[0]
     samples = sampler.sample_ahead(logits)
     _async_eval(samples)
-    return Verification(cache, sampler, list(draft), samples)
+    return Verification(cache, sampler, list(draft), samples, trim)
 
 
 def speculative_step(
@@ -418,8 +432,10 @@ class SpeculativeDecoder:
         controller: SpeculationController | None = None,
         proposer: NGramProposer | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        trim: Trim = _trim,
     ) -> None:
         self._model = model
+        self._trim = trim
         self._cache = cache
         self._sampler = sampler
         self._lazy: mx.array | None = pending  # the pending token, not yet returned
@@ -487,7 +503,7 @@ class SpeculativeDecoder:
             draft = self.proposer.propose(k) if known else self.proposer.propose(k + 1)[1:]
         if draft and can_speculate(self._cache, len(draft) + 1):
             self._verification = start_verification(
-                self._model, self._cache, self._sampler, pending, draft
+                self._model, self._cache, self._sampler, pending, draft, self._trim
             )
         else:
             self._launch_plain(pending)

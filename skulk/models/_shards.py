@@ -6,9 +6,10 @@ disagree.
 
 * ``single`` and ``tensor`` ranks need every tensor (a tensor rank holds a slice of each).
 * A ``pipeline`` rank holding layers ``[start, end)`` of ``layers`` needs those layers'
-  tensors (``….layers.<i>.…``); the first rank also the token embedding, the last rank the
-  final norm and the output head (the embedding too when the head is tied to it: when the
-  checkpoint has no head tensor, whatever the config says). Any other
+  tensors (``….layers.<i>.…``); the first rank also the token embedding, the final norm and
+  the output head (the logits of a pipeline come out on its first rank, where the scheduler
+  samples; a head tied to the embedding, as when the checkpoint has no head tensor, needs
+  nothing more there). Any other
   tensor outside the layers (rare: rotary tables, extra norms) goes to every rank.
 """
 
@@ -34,7 +35,6 @@ class ShardSlice:
     start: int
     end: int
     layers: int
-    tied_embeddings: bool = False
 
     @property
     def first(self) -> bool:
@@ -58,18 +58,12 @@ def _needed(name: str, shard: ShardSlice) -> bool:
     layer = layer_of(name)
     if layer is not None:
         return shard.start <= layer < shard.end
-    if _EMBED.search(name):
-        return shard.first or (shard.last and shard.tied_embeddings)
-    if _HEAD.match(name) or _NORM.match(name):
-        return shard.last
+    if _EMBED.search(name) or _HEAD.match(name) or _NORM.match(name):
+        return shard.first
     return True
 
 
 def needed_tensors(names: Iterable[str], shard: ShardSlice) -> list[str]:
     """The names among ``names`` (every tensor of the checkpoint) the rank running ``shard``
-    needs, in their order; a checkpoint without a head tensor has its head tied to the
-    embedding."""
-    names = list(names)
-    if not any(_HEAD.match(n) for n in names):
-        shard = attrs.evolve(shard, tied_embeddings=True)
+    needs, in their order."""
     return [n for n in names if _needed(n, shard)]

@@ -170,9 +170,9 @@ async def test_sharded_instance_generates_what_one_process_does(
 
 
 async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path]) -> None:
-    """Two seeded requests at once give what each gives alone; a cancelled request's slot is
-    freed on every rank (rank 1 traces the free), and the instance goes on serving; stopping
-    rank 0 ends every rank cleanly — rank 1 too, though it takes a while to exit after saying
+    """Two seeded requests at once give what each gives alone; a cancelled request's row leaves
+    the decode batch on every rank (rank 1 traces the drop), and the instance goes on serving;
+    stopping rank 0 ends every rank cleanly — rank 1 too, though it takes a while to exit after saying
     ``group_stopped`` (its node waits for it rather than signal it)."""
     model = models["llama"]
     specs = shard_specs("pipeline", loopback_hosts(2), LAYERS)
@@ -194,16 +194,16 @@ async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path
                 nursery.start_soon(one, 1)
             for i in (0, 1):
                 assert results[i] == reference(model, PROMPTS[i], params[i])
-            # They were open at once: the second took slot 1 while the first held slot 0.
-            await until_traced(rank1, "open 1", first_at(rank0, "request.start"))
+            # They were open at once: the second joined the decode batch of the first.
+            await until_traced(rank1, "join 2", first_at(rank0, "request.start"))
             long = SamplingParams(temperature=1.0, seed=3, max_tokens=1500)
             async with rank0.open_request("long", PROMPTS[0], long) as events:
                 first = await events.receive()
                 assert isinstance(first, TokenChunk)
-            # Leaving early cancelled it: rank 0 answers, and frees the slot everywhere.
+            # Leaving early cancelled it: rank 0 answers, and its row leaves the batch everywhere.
             while rank0.statistics().cancelled < 1:  # noqa: ASYNC110 - the runner's answer
                 await trio.sleep(0.02)
-            await until_traced(rank1, "free", first_at(rank0, "request.cancel"))
+            await until_traced(rank1, "drop", first_at(rank0, "request.cancel"))
             tokens, last = await generate(rank0, "after", PROMPTS[1], GREEDY)
             assert isinstance(last, Finished)
             assert tokens == reference(model, PROMPTS[1], GREEDY)
@@ -268,7 +268,7 @@ async def test_concurrent_requests_share_each_decode_step(
                 assert len(want) >= 8
                 assert results[rid] == want, (rid, sharding)
             assert rank0.statistics().cancelled == 1
-            await until_traced(rank1, "free", first_at(rank0, "request.cancel"))
+            await until_traced(rank1, "drop", first_at(rank0, "request.cancel"))
             # A step's decode is one forward pass along the ring, whatever the batch's rows:
             # rank 1 notes the row count when it changes.
             while max(batched_rows(rank1), default=0) < 3:  # noqa: ASYNC110 - see until_traced
@@ -476,7 +476,7 @@ def single_process_logits(model_dir: Path, tokens: list[int], steps: int) -> obj
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model
 
-    from skulk.engine._engine import PREFILL_STEP
+    from skulk.engine._budget import PREFILL_STEP
 
     model, _ = load_model(model_dir)
     cache = make_prompt_cache(model)

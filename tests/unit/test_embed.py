@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from skulk.engine._child import _Requests
 from skulk.engine._embed import (
     MAX_EMBED_FLOATS,
     EmbedJob,
@@ -21,6 +20,7 @@ from skulk.engine._embed import (
 )
 from skulk.engine._engine import Engine, RequestError
 from skulk.engine._prepare import Prepared, PromptPreparer
+from skulk.engine._scheduler import Scheduler
 from skulk.engine._stops import StopMatcher
 from skulk.engine.faults import Faults
 from skulk.engine.protocol import FROM_RUNNER, TO_RUNNER
@@ -115,7 +115,7 @@ def test_an_answer_too_large_for_one_frame_is_refused(models: dict[str, Engine])
     assert err.value.reason == "invalid_request"
 
 
-def _serve_until(requests: _Requests, link: FakeLink, n: int) -> None:
+def _serve_until(requests: Scheduler, link: FakeLink, n: int) -> None:
     """Feed prepared jobs back and advance until ``n`` frames were sent."""
     deadline = time.monotonic() + 60
     while len(link.sent) < n:
@@ -133,7 +133,7 @@ def test_the_serving_loop_answers_embed_and_tokenize(models: dict[str, Engine]) 
     engine = models["demo"]
     link = FakeLink()
     load = Load("unused", "m", prefix_cache_bytes=0, speculative_tokens=0)
-    requests = _Requests(link, engine, Faults(), load)  # type: ignore[arg-type]
+    requests = Scheduler(link, engine, Faults(), load)  # type: ignore[arg-type]
     chat = ChatPrompt((ChatMessage("user", "hello there"),))
     requests.accept(Tokenize("t", chat))
     requests.accept(Embed("e", (TextPrompt("hello"), TokenIds((5, 6, 7)))))
@@ -158,7 +158,7 @@ def test_an_embed_is_cancelled_like_any_request(models: dict[str, Engine]) -> No
     engine = models["demo"]
     link = FakeLink()
     load = Load("unused", "m", prefix_cache_bytes=0, speculative_tokens=0)
-    requests = _Requests(link, engine, Faults(), load)  # type: ignore[arg-type]
+    requests = Scheduler(link, engine, Faults(), load)  # type: ignore[arg-type]
     requests.embeds.append(EmbedJob(engine, "e", [[1, 2]]))
     requests.cancel("e")
     assert link.sent == [Finished("e", GenerationEnd("cancelled", Usage(2, 0)))]

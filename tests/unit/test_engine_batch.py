@@ -1,6 +1,6 @@
 """Continuous batching, the KV budget and the prefix cache in the runner's serving loop.
 
-The loop's request book-keeping (``_Requests`` in :mod:`skulk.engine._child`) is driven turn by
+The loop's request book-keeping (:class:`~skulk.engine._scheduler.Scheduler`) is driven turn by
 turn with a fake link, on the demo model and on a generated llama (random weights, so attention
 matters), with prompts given as token ids: a request's tokens must not depend on what runs
 beside it, nor on whether its prompt came from the prefix cache.
@@ -17,11 +17,12 @@ import attrs
 import mlx.core as mx
 import pytest
 
-from skulk.engine._batch import Batch, KvBudget, Prefill, PrefillPacer, Row, default_kv_budget
-from skulk.engine._child import _Requests
-from skulk.engine._engine import PREFILL_STEP, Engine, Step
+from skulk.engine._batch import Batch, Prefill, Row
+from skulk.engine._budget import PREFILL_STEP, KvBudget, PrefillPacer, default_kv_budget
+from skulk.engine._engine import Engine, Step
 from skulk.engine._prefix_cache import PrefixCache
 from skulk.engine._prepare import Prepared
+from skulk.engine._scheduler import Scheduler
 from skulk.engine.faults import Faults
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
@@ -52,7 +53,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine]:
 
 
 class FakeLink:
-    """What ``_Requests`` needs of a link: ``send`` (kept in order) and an inbox."""
+    """What the ``Scheduler`` needs of a link: ``send`` (kept in order) and an inbox."""
 
     def __init__(self) -> None:
         self.sent: list[FromRunner] = []
@@ -68,7 +69,7 @@ class Loop:
     def __init__(self, engine: Engine, load: Load | None = None) -> None:
         self.link = FakeLink()
         load = load or Load("unused", "m", prefix_cache_bytes=0, speculative_tokens=0)
-        self.requests = _Requests(self.link, engine, Faults(), load)  # type: ignore[arg-type]
+        self.requests = Scheduler(self.link, engine, Faults(), load)  # type: ignore[arg-type]
         self._job = 0
 
     def submit(self, rid: str, tokens: Sequence[int], params: SamplingParams) -> None:
@@ -151,18 +152,18 @@ def test_rows_decode_in_one_forward_pass_and_leave_one_by_one(
         batch.add(row, prefill.cache, first)
         rows.append(row)
     calls = 0
-    real = engine.model
+    real = engine.forward.model
 
     def counting(*args: object, **kwargs: object) -> object:
         nonlocal calls
         calls += 1
         return real(*args, **kwargs)
 
-    engine.model = counting
+    engine.forward.model = counting
     try:
         steps = batch.step()
     finally:
-        engine.model = real
+        engine.forward.model = real
     assert calls == 1 and [r for r, _ in steps] == rows
     # 3 → 2 rows (filter), 2 → 1 (back to a plain cache), 1 → 0; the cache keeps each row's
     # tokens: prompt, the one handed out, and the one computed ahead.
@@ -309,7 +310,7 @@ def test_the_prefix_cache_stays_within_its_bytes_and_evicts_the_oldest(
 ) -> None:
     engine = models["generated"]
     per_token = engine.kv_bytes_per_token
-    prefix = PrefixCache(max_bytes=250 * per_token)
+    prefix = PrefixCache(max_bytes=250 * per_token, forward=engine.forward)
     rng = random.Random(4)
     firsts = []
     for i in range(4):
@@ -325,7 +326,7 @@ def test_the_prefix_cache_stays_within_its_bytes_and_evicts_the_oldest(
     assert hit is not None and hit[1] == 100 and hit[0][0].offset == 100
     whole = prefix.fetch(firsts[2])  # the whole prompt kept: its last token is computed again
     assert whole is not None and whole[1] == 99 and whole[0][0].offset == 99
-    assert PrefixCache(0).fetch(firsts[3] + [1]) is None
+    assert PrefixCache(0, engine.forward).fetch(firsts[3] + [1]) is None
 
 
 # ---- speculative decoding on the single-row path ---------------------------------------------

@@ -103,10 +103,10 @@ def test_the_warm_up_runs_a_verify_pass_when_speculation_is_on(
     real = speculate.start_verification
 
     def counting(
-        model: Any, cache: Any, sampler: Any, pending: Any, draft: Sequence[int]
+        model: Any, cache: Any, sampler: Any, pending: Any, draft: Sequence[int], trim: Any
     ) -> speculate.Verification:
         drafts.append(len(draft))
-        return real(model, cache, sampler, pending, draft)
+        return real(model, cache, sampler, pending, draft, trim)
 
     monkeypatch.setattr(speculate, "start_verification", counting)
     warm_up(engine, speculative_tokens=speculative)

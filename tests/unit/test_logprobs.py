@@ -22,19 +22,16 @@ from skulk.engine._logprobs import LOGPROB_FLOOR, pending_logprobs
 from skulk.engine._sampling import Sampler
 from skulk.engine._single import decode_alone
 from skulk.engine._speculate import SpeculativeDecoder
-from skulk.engine.faults import Faults
 from skulk.models import ensure_demo_model
 from skulk.models._generated import ModelShape, write_generated_model
 from skulk.wire.runner import (
-    Generate,
     Load,
-    RequestFailed,
     SamplingParams,
     TextPrompt,
     TokenChunk,
     TokenLogprob,
 )
-from tests.unit.test_engine_batch import FakeLink, Loop, ids
+from tests.unit.test_engine_batch import Loop, ids
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, logprobs=5)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=5, max_tokens=12, logprobs=3)
@@ -196,14 +193,3 @@ def test_out_of_range_logprobs_are_refused(engine: Engine) -> None:
 
     with pytest.raises(RequestError, match="logprobs must be from 0 to 20"):
         engine.check_params(SamplingParams(logprobs=21))
-
-
-def test_a_sharded_instance_refuses_logprobs(engine: Engine) -> None:
-    from skulk.engine._sharded_loop import _Leader
-
-    link = FakeLink()
-    leader = _Leader(link, engine, Faults(), most=2, max_waiting=2)  # type: ignore[arg-type]
-    leader._accept(Generate("r", TextPrompt("hi"), GREEDY))
-    (failed,) = link.sent
-    assert isinstance(failed, RequestFailed) and failed.reason == "unsupported"
-    assert "logprobs" in failed.message and not leader.waiting

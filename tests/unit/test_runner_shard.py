@@ -1,4 +1,4 @@
-"""The pieces of a sharded runner that need no compute group: the lockstep control block, the
+"""The pieces of a sharded runner that need no compute group: the messages of rank 0, the
 collective watchdog and its trace, which tensors a pipeline rank loads (and what that costs in
 memory), and the refusals of shardings a model cannot do."""
 
@@ -12,16 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from skulk.engine._lockstep import (
-    CONTROL_SIZE,
-    MAX_FREES,
-    Chunk,
-    Control,
-    LockstepError,
-    Opening,
-    decode,
-    encode,
-)
+from skulk.engine import _ops as ops
 from skulk.engine._watchdog import (
     COLLECTIVE_TIMEOUT_EXIT_CODE,
     TRACE_ROUTINE,
@@ -33,53 +24,53 @@ from skulk.models._generated import ModelShape, write_generated_model
 from skulk.models._shards import ShardSlice, needed_tensors
 from skulk.wire.runner import CollectiveEntry, CollectiveTimeout, FromRunner, ShardSpec
 
-# ---- the control block ---------------------------------------------------------------------
+# ---- the messages rank 0 sends along the ring ----------------------------------------------
 
-CONTROLS = [
-    Control(0),
-    Control(7, idle_ms=32),
-    Control(2**31 + 5, shutdown=True, frees=(0, 63, 5)),
-    Control(
-        12,
-        warmed=True,
-        frees=tuple(range(MAX_FREES)),
-        opening=Opening(3, temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1),
-        prefill=Chunk(3, 7),
-        batch=((0, 151_000), (3, 2**31 - 1), (63, 0)),  # a decode step of three rows
-    ),
-    Control(1, opening=Opening(0, 1e-30, 1.0, 0, 0), prefill=Chunk(0, 512)),
+OPS: list[ops.Op] = [
+    ops.New(1),
+    ops.Forward(1, rows=1, length=512, back=False),
+    ops.Forward(0, rows=3, length=9, back=True),
+    ops.Join(0, 0, 1, 1),
+    ops.Join(1, 1, 2, 3),
+    ops.Drop(3, rows=2, index=1, rest=4, own=5),
+    ops.Drop(4, rows=1, index=0, rest=0, own=0),
+    ops.Trim(5, 7),
+    ops.Keep(5, 100, 6),
+    ops.Copy(6, 99, 7),
+    ops.Free(2**31 - 1),
+    ops.Measure(9),
+    ops.Warmed(),
+    ops.Shutdown(),
 ]
 
 
-@pytest.mark.parametrize("control", CONTROLS)
-def test_control_block_round_trips_bit_for_bit(control: Control) -> None:
-    block = encode(control)
-    assert len(block) == CONTROL_SIZE
-    assert all(-(2**31) <= v < 2**31 for v in block)  # fits int32
-    assert decode(block, control.step) == control
+def test_every_op_round_trips_in_one_message() -> None:
+    words = ops.encode(OPS)
+    assert all(-(2**31) <= v < 2**31 for v in words)  # fits int32
+    assert ops.decode(words) == OPS
+    assert ops.decode([]) == []
 
 
-def test_a_seed_is_sent_modulo_two_to_the_64() -> None:
-    control = Control(1, opening=Opening(0, 1.0, 1.0, 0, seed=-1))
-    opening = decode(encode(control), 1).opening
-    assert opening is not None and opening.seed == 2**64 - 1
+def test_a_header_round_trips_and_one_for_another_message_or_garbage_is_refused() -> None:
+    header = ops.Header(2**31 + 5, 40, idle_ms=64, echo=True)
+    words = ops.encode_header(header)
+    assert len(words) == ops.HEADER_SIZE
+    assert ops.decode_header(words, 2**31 + 5) == header
+    with pytest.raises(ops.OpsError, match="arrived as message"):
+        ops.decode_header(words, 6)
+    with pytest.raises(ops.OpsError, match="not a message header"):
+        ops.decode_header([0] * ops.HEADER_SIZE, 0)
+    twice = [2 * v for v in ops.encode_header(ops.Header(0, 0))]  # e.g. two ranks summed
+    with pytest.raises(ops.OpsError):
+        ops.decode_header(twice, 0)
 
 
-def test_a_block_for_another_step_or_garbage_is_refused() -> None:
-    block = encode(Control(5))
-    with pytest.raises(LockstepError, match="step 5 arrived at step 6"):
-        decode(block, 6)
-    with pytest.raises(LockstepError, match="not a control block"):
-        decode([0] * CONTROL_SIZE, 0)
-    twice = [2 * v for v in encode(Control(0))]  # e.g. two ranks summed their blocks
-    with pytest.raises(LockstepError):
-        decode(twice, 0)
-
-
-def test_describe_names_what_a_step_carries() -> None:
-    assert Control(3).describe() == ""
-    text = Control(3, shutdown=True, frees=(1, 2), opening=Opening(4, 1, 1, 0, 9)).describe()
-    assert text == "shutdown free 1,2 open 4"
+def test_a_payload_cut_short_or_with_an_unknown_op_is_refused() -> None:
+    words = ops.encode([ops.Drop(3, 2, 1, 4, 5)])
+    with pytest.raises(ops.OpsError, match="cut short"):
+        ops.decode(words[:-1])
+    with pytest.raises(ops.OpsError, match="unknown op code 99"):
+        ops.decode([99, 1])
 
 
 # ---- the watchdog ------------------------------------------------------------------------------
@@ -160,7 +151,7 @@ def test_a_pipeline_rank_keeps_exactly_the_tensors_it_needs(
     model_dir = write_generated_model(tmp_path / "m", shape, demo, files=2)
     for rank, (start, end) in enumerate([(0, 1), (1, 3), (3, 4)]):
         model, config = open_model(model_dir)
-        part = ShardSlice("pipeline", start, end, 4, tied)
+        part = ShardSlice("pipeline", start, end, 4)
         params = tree_flatten(model.parameters())
         names = set(needed_tensors([n for n, _ in params], part))
         want = [v for n, v in params if n in names]

@@ -18,8 +18,8 @@ import trio.testing
 
 from skulk.api._tool_calls import answer_calls
 from skulk.engine._batch import Row
-from skulk.engine._child import finished
 from skulk.engine._engine import Engine
+from skulk.engine._scheduler import finished
 from skulk.engine._tool_parse import ToolText, parse_tool_text
 from skulk.grammar import schema_text, tool_call_schema
 from skulk.models import ensure_demo_model

@@ -1,71 +1,38 @@
-"""The runner process's main loop (``python -m skulk.engine``).
+"""The scheduler of a runner: every request from ``Generate``/``Tokenize``/``Embed`` to its
+``Finished`` or ``RequestFailed``, for single and sharded instances alike.
 
-The runner is deliberately not a Trio program: decode steps are blocking mlx calls, so the main
-thread runs the engine and a reader thread turns the socket's bytes into frames on a queue. The
-main thread looks at that queue between decode steps, so a ``Cancel`` takes effect within one
-step (of the whole decode batch, see :mod:`skulk.engine._batch`), and it sends a
-``Heartbeat`` every heartbeat interval — while idle, between prefill chunks and between decode
-steps — so a runner whose main loop is stuck falls silent and the node
-can tell it is wedged. Nothing a request carries may stall that loop for long: prompts are
-tokenized on a worker thread (:mod:`skulk.engine._prepare`) whose results come back through the
-same queue, and sampling parameters never trigger a compilation (:mod:`skulk.engine._sampling`).
-Frames are written under a lock.
-
-The runner never outlives its node: a watchdog thread exits the process within 0.2 s of the
-parent pid changing (the node died, even by SIGKILL), and the node's socket closing ends it too.
-
-A ``Load`` with a shard makes the runner one rank of a sharded instance; that mode lives in
-:mod:`skulk.engine._sharded` (group formation, shard loading, the lockstep loop).
-
-Exit codes: 0 after ``Shutdown`` or when the node closes the socket (a rank > 0: also when
-rank 0 ended the group); 2 after a load failure (reported first as ``RunnerFailed``); 3 on a
-protocol error from the node; 70 when the node is gone; 13 from a ``crash`` fault hook; 71 after
-``CollectiveTimeout`` and 72 after ``RunnerFailed(collective_failed)`` (a sharded rank whose
-compute group broke, see :mod:`skulk.engine._watchdog`); killed by ``SIGALRM`` when the compute
-group did not form within its connect timeout.
+It admits requests against the KV budget (a request reserves its prompt plus its most new
+tokens, :class:`~skulk.engine._budget.KvBudget`), queues what does not fit (a bounded FIFO,
+beyond which ``kv_cache_full``), refuses what never could (``prompt_too_long``,
+``max_tokens_too_large``), prefills one paced chunk a turn, decodes every running request in
+one batch (:mod:`skulk.engine._batch`, with n-gram speculation for a lone row), reuses and
+keeps prefixes (:mod:`skulk.engine._prefix_cache`), embeds, parses tool calls, and gives every
+reservation back on finish, failure or cancel. It computes only through the engine's
+:class:`~skulk.engine._forward.Forward`, so a sharded instance runs this very scheduler on its
+rank 0 and its forward pass is the distributed one
+(:mod:`skulk.engine._sharded_forward`): logprobs, grammar masks, speculation, the prefix cache
+and embeddings work the same on both.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import threading
 import time
 from collections import deque
 from functools import partial
-from pathlib import Path
 
-from skulk import __version__
-from skulk.engine._batch import (
-    Batch,
-    KvBudget,
-    Prefill,
-    PrefillPacer,
-    Row,
-    batchable,
-    kv_capacity,
-)
+from skulk.engine._batch import Batch, Prefill, Row, batchable
+from skulk.engine._budget import KvBudget, PrefillPacer
 from skulk.engine._embed import EMBED_BATCH_TOKENS, EmbedJob, check_inputs, input_tokens
 from skulk.engine._engine import Engine, RequestError, Step
 from skulk.engine._grammar import request_constraint
-from skulk.engine._link import EOF, Link
-from skulk.engine._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from skulk.engine._prepare import (
-    Prepared,
-    PromptPreparer,
-    load_failure_reason,
-    log_failure,
-    shorten,
-)
-from skulk.engine._single import warm_up
+from skulk.engine._link import Link
+from skulk.engine._prefix_cache import PrefixCache
+from skulk.engine._prepare import Prepared, PromptPreparer, log_failure, shorten
 from skulk.engine._speculate import DEFAULT_SPECULATIVE_TOKENS
 from skulk.engine._stats import EngineTotals
 from skulk.engine._tool_parse import ToolText
 from skulk.engine.faults import Faults
 from skulk.wire.runner import (
-    PROTOCOL_VERSION,
-    Cancel,
     Embed,
     Embedded,
     EngineStats,
@@ -73,103 +40,16 @@ from skulk.wire.runner import (
     FinishReason,
     Generate,
     GenerationEnd,
-    Hello,
     Load,
-    Loaded,
-    LoadProgress,
     RequestFailed,
-    RunnerFailed,
-    Shutdown,
     TokenChunk,
     Tokenize,
     Tokenized,
     Usage,
-    WarmedUp,
 )
 
-log = logging.getLogger("skulk.engine")
 
-PARENT_GONE_EXIT_CODE = 70
-
-
-def main(
-    fd: int,
-    parent_pid: int,
-    incarnation: int,
-    heartbeat_interval: float,
-    load_timeout: float = 600.0,
-) -> int:
-    _die_with_parent(parent_pid)
-    faults = Faults.from_env(incarnation)
-    faults.arm()
-    link = Link(socket.socket(fileno=fd), heartbeat_interval)
-    threading.Thread(target=link.read_forever, name="runner-reader", daemon=True).start()
-    faults.hit("hello")
-    link.send(Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid(), skulk_version=__version__))
-    first = link.next_frame(block=True)
-    if not isinstance(first, Load):
-        return 0 if first is EOF or isinstance(first, Shutdown) else 3
-    if first.shard is not None:
-        from skulk.engine._sharded import run_sharded  # mlx, distributed: only when sharded
-
-        run_sharded(link, first, first.shard, faults, load_timeout)
-    try:
-        try:
-            engine = _load(link, first, faults)
-        except (BrokenPipeError, ConnectionResetError):
-            raise  # the link itself, handled below
-        except Exception as exc:
-            link.send(RunnerFailed(reason=load_failure_reason(exc), message=shorten(str(exc))))
-            return 2
-        return _serve(link, engine, faults, first)
-    except (BrokenPipeError, ConnectionResetError):
-        return 0  # the node closed the link: it is stopping us
-
-
-def _load(link: Link, load: Load, faults: Faults) -> Engine:
-    path = Path(load.model_path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no model at {path} (config.json missing)")
-
-    def progress(n: int, total: int) -> None:
-        link.send(LoadProgress(loaded=n, total=total))
-        faults.hit("load")
-
-    engine = Engine.load(path, progress)
-    link.send(Loaded(model_id=load.model_id, context_length=engine.context_length))
-    faults.hit("warm")
-    speculative = load.speculative_tokens
-    warm_up(engine, DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative)
-    link.send(WarmedUp())
-    return engine
-
-
-def _serve(link: Link, engine: Engine, faults: Faults, load: Load) -> int:
-    requests = _Requests(link, engine, faults, load)
-    link.stats = requests.stats
-    while True:
-        # Block for work only when idle; otherwise take what has arrived and keep decoding.
-        frames = [] if requests.busy else [link.next_frame(block=True)]
-        while (frame := link.next_frame(block=False)) is not None:
-            frames.append(frame)
-        for frame in frames:
-            if frame is EOF or isinstance(frame, Shutdown):
-                return 0
-            if isinstance(frame, (Generate, Tokenize, Embed)):
-                requests.accept(frame)
-            elif isinstance(frame, Prepared):
-                requests.start(frame)
-            elif isinstance(frame, Cancel):
-                faults.hit("cancel")
-                requests.cancel(frame.request_id)
-            else:
-                log.error("runner: unexpected frame %r", frame)
-                return 3
-        requests.advance()
-        link.beat()
-
-
-class _Requests:
+class Scheduler:
     """The requests a runner serves, in the order they move: ``waiting`` (the prompt is being
     tokenized on the :class:`PromptPreparer`'s thread), ``queued`` (tokenized, waiting FIFO for
     room in the KV budget, at most ``Load.kv_waiting``), ``prefills`` (admitted: the prompt is
@@ -196,16 +76,16 @@ class _Requests:
             lambda req: [input_tokens(engine, item, req.truncate) for item in req.inputs],
         )
         self.embeds: deque[EmbedJob] = deque()  # tokenized Embed requests, a group a turn
-        per_token = engine.kv_bytes_per_token
-        capacity = kv_capacity(load.kv_cache_bytes, per_token, engine.context_length)
-        self.budget = KvBudget(capacity, per_token, engine.context_length)
+        forward = engine.forward
+        budgets = forward.budgets(
+            load.kv_cache_bytes, load.prefix_cache_bytes, engine.context_length
+        )
+        self.budget = KvBudget(budgets.kv_bytes, budgets.bytes_per_token, engine.context_length)
         self._max_queued = max(0, load.kv_waiting)
-        fresh = engine.new_cache()
-        self._batchable = batchable(fresh)
-        prefix_bytes = load.prefix_cache_bytes
-        if prefix_bytes is None:
-            prefix_bytes = DEFAULT_PREFIX_CACHE_BYTES
-        self.prefix = PrefixCache(prefix_bytes if PrefixCache.supports(fresh) else 0)
+        layout = forward.layout()
+        self._batchable = batchable(layout)
+        prefix_bytes = budgets.prefix_bytes if PrefixCache.supports(layout) else 0
+        self.prefix = PrefixCache(prefix_bytes, forward)
         self.waiting: dict[str, int] = {}  # request id → job number of its tokenization
         self.queued: deque[tuple[Row, int]] = deque()  # (row, KV bytes it needs)
         self.prefills: deque[Prefill] = deque()
@@ -307,13 +187,16 @@ class _Requests:
 
     def advance(self) -> None:
         """One embedding group of the oldest ``Embed``, one prefill chunk of the oldest
-        admitted prompt, then one decode step."""
-        if self.embeds:
-            self._embed_group(self.embeds[0])
-        if self.prefills:
-            self._prefill_chunk(self.prefills[0])
-        for batch in list(self.batches):
-            self._decode(batch)
+        admitted prompt, then one decode step (a turn of work, under the forward pass's
+        :meth:`~skulk.engine._forward.Forward.guard`)."""
+        what = "forward(prefill)" if self.prefills or self.embeds else "forward(decode)"
+        with self._engine.forward.guard(what):
+            if self.embeds:
+                self._embed_group(self.embeds[0])
+            if self.prefills:
+                self._prefill_chunk(self.prefills[0])
+            for batch in list(self.batches):
+                self._decode(batch)
 
     def _prefill_chunk(self, prefill: Prefill) -> None:
         row = prefill.row
@@ -322,6 +205,7 @@ class _Requests:
             first = prefill.advance(self.pacer.size())
         except Exception as exc:
             log_failure("could not start a request", exc)
+            self._engine.forward.check(exc)
             self.prefills.popleft()
             self._release(row)
             self._fail(row.request_id, "engine_error", f"prefill failed: {exc}")
@@ -348,6 +232,7 @@ class _Requests:
             steps = batch.step()
         except Exception as exc:
             log_failure("a decode step failed", exc)
+            self._engine.forward.check(exc)
             self.batches.remove(batch)
             for row in batch.rows:
                 self._release(row)
@@ -362,6 +247,7 @@ class _Requests:
             computed = job.advance(self.pacer.budget(EMBED_BATCH_TOKENS))
         except Exception as exc:
             log_failure("an embedding failed", exc)
+            self._engine.forward.check(exc)
             self.embeds.popleft()
             self._fail(job.request_id, "engine_error", f"embedding failed: {exc}")
             return
@@ -459,17 +345,3 @@ def finished(row: Row, reason: FinishReason) -> Finished:
     end = GenerationEnd(reason, row.usage(), row.out.stop_sequence)
     return Finished(row.request_id, end if row.tool_text is None else row.tool_text.finish(end))
 
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Exit within 0.2 s when the node dies, even by SIGKILL: a watchdog thread notices that
-    the parent pid changed (the orphan is re-parented). Not ``PR_SET_PDEATHSIG``: that fires
-    when the *thread* that spawned us exits, and Trio spawns from short-lived worker threads."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.2)
-        os._exit(PARENT_GONE_EXIT_CODE)
-
-    if os.getppid() != parent_pid:  # the parent died before we got here
-        os._exit(PARENT_GONE_EXIT_CODE)
-    threading.Thread(target=watch, name="runner-parent-watch", daemon=True).start()
