@@ -172,8 +172,8 @@ async def test_sharded_instance_generates_what_one_process_does(
 async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path]) -> None:
     """Two seeded requests at once give what each gives alone; a cancelled request's row leaves
     the decode batch on every rank (rank 1 traces the drop), and the instance goes on serving;
-    stopping rank 0 ends every rank cleanly — rank 1 too, though it takes a while to exit after saying
-    ``group_stopped`` (its node waits for it rather than signal it)."""
+    stopping rank 0 ends every rank cleanly — rank 1 too, though it takes a while to exit after
+    saying ``group_stopped`` (its node waits for it rather than signal it)."""
     model = models["llama"]
     specs = shard_specs("pipeline", loopback_hosts(2), LAYERS)
     params = [attrs.evolve(SAMPLED, seed=s, max_tokens=24) for s in (11, 12)]
