@@ -321,8 +321,7 @@ def parse_messages(body: object) -> GenerateRequest:
 
 
 #: The parameters of a count request: never used to generate (the runner only tokenizes the
-#: prompt, see :meth:`skulk.routing.Router.count_tokens`; a sharded instance generates one
-#: greedy token instead).
+#: prompt, see :meth:`skulk.routing.Router.count_tokens`).
 COUNT_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 
 

@@ -165,7 +165,8 @@ def _runner_diagnostics(runner: Runner) -> dict[str, object]:
 
 def _engine_diagnostics(stats: EngineStats | None) -> dict[str, object] | None:
     """The runner's engine counters, with the speculation acceptance rate (``None`` while
-    nothing was drafted); ``None`` until the runner sent some (a sharded rank never does)."""
+    nothing was drafted); ``None`` until the runner sent some (of a sharded instance, rank 0
+    sends them)."""
     if stats is None:
         return None
     return {**attrs.asdict(stats), "acceptance_rate": stats.acceptance_rate}

@@ -221,12 +221,9 @@ class Runner:
     async def ask(self, frame: Tokenize | Embed) -> Tokenized | Embedded | RequestFailed | None:
         """Send a one-answer request (count a prompt's tokens, embed inputs) and return its
         answer: ``Tokenized`` / ``Embedded``, ``RequestFailed``, or ``None`` when the runner
-        went away (see :attr:`failure`). Raises as :meth:`open_request` does; a sharded
-        instance refuses both with :class:`RequestRejected` (``unsupported``). Cancelled while
-        waiting, it cancels the request on the runner."""
-        if self.shard is not None:
-            what = "embeddings" if isinstance(frame, Embed) else "token counting"
-            raise RequestRejected("unsupported", f"{what} are not served by sharded instances")
+        went away (see :attr:`failure`). Raises as :meth:`open_request` does (a sharded
+        instance's rank 0 answers both). Cancelled while waiting, it cancels the request on the
+        runner."""
         async with self._open(frame) as events:
             async for event in events:
                 if isinstance(event, (Tokenized, Embedded, RequestFailed)):

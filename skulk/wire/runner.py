@@ -204,7 +204,7 @@ EmbedInput = TextPrompt | TokenIds
 class Embed:
     """Embed each of ``inputs``: answered by one :class:`Embedded` (a vector per input, in
     order) or ``RequestFailed``. ``truncate``: an input longer than the context is cut to it
-    instead of failing ``prompt_too_long``. Refused (``unsupported``) by a sharded instance."""
+    instead of failing ``prompt_too_long``. A sharded instance's rank 0 answers it."""
 
     request_id: str
     inputs: tuple[EmbedInput, ...]

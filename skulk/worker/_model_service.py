@@ -92,11 +92,6 @@ class Embedding:
     prompt_tokens: int
 
 
-#: What :meth:`ModelService.count_tokens` asks of a sharded instance, which has no
-#: ``Tokenize``: one greedy token, whose usage says how long the prompt is.
-COUNT_BY_GENERATING = SamplingParams(temperature=0.0, max_tokens=1)
-
-
 class ModelUnavailable(Exception):
     """No runner can take the request now (loading, restarting or failed)."""
 
@@ -316,19 +311,13 @@ class ModelService:
     async def count_tokens(self, prompt: Prompt) -> int:
         """How many tokens ``prompt`` is for this model (rendered and tokenized on the runner,
         nothing decoded). Raises as :meth:`generate` does."""
-        if self.shard is not None:  # no Tokenize on a sharded instance: generate one token
-            async with aclosing(self.generate(prompt, COUNT_BY_GENERATING)) as items:
-                async for item in items:
-                    if isinstance(item, GenerationEnd):
-                        return item.usage.prompt_tokens
-            raise RequestFailure("runner_stopped", "the count ended without a result")
         answer = await self._ask(Tokenize(uuid.uuid4().hex, prompt))
         assert isinstance(answer, Tokenized)
         return answer.prompt_tokens
 
     async def embed(self, inputs: tuple[EmbedInput, ...], truncate: bool = False) -> Embedding:
         """One vector per input (see :mod:`skulk.engine._embed`). Raises as :meth:`generate`
-        does; a sharded instance refuses with ``RequestFailure("unsupported")``."""
+        does."""
         answer = await self._ask(Embed(uuid.uuid4().hex, inputs, truncate))
         assert isinstance(answer, Embedded)
         return Embedding(answer.vectors, answer.prompt_tokens)
