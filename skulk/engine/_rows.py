@@ -1,9 +1,10 @@
 """The rows of a decode batch in one forward pass: their KV caches joined and split, and each
 row's token sampled with its own sampler.
 
-Shared by the single-process batch (:mod:`skulk.engine._batch`) and the sharded lockstep loop
-(:mod:`skulk.engine._sharded_loop`, where every rank keeps one batch of its own layers'
-caches), so both lay their rows out the same way:
+Used through :class:`~skulk.engine._forward.Forward` (by :mod:`skulk.engine._batch`), and by
+the other ranks of a sharded instance when they replay rank 0's joins and drops
+(:mod:`skulk.engine._sharded_forward`, where every rank keeps one batch of its own layers'
+caches), so all lay their rows out the same way:
 
 * one row: that request's plain single-row cache (mlx-lm's ``KVCache`` per layer), so a lone
   stream decodes exactly as it would alone — no padding, no mask, no copy;

@@ -1,5 +1,6 @@
-"""A runner that is one rank of a sharded instance: group formation, shard loading, then the
-lockstep loop (:mod:`skulk.engine._sharded_loop`).
+"""A runner that is one rank of a sharded instance: group formation, shard loading, then
+serving: rank 0 runs the one scheduler over the distributed forward pass, the other ranks follow
+it (:mod:`skulk.engine._sharded_forward`).
 
 After ``Load`` (with a :class:`~skulk.wire.runner.ShardSpec`) the rank:
 
@@ -12,7 +13,9 @@ After ``Load`` (with a :class:`~skulk.wire.runner.ShardSpec`) the rank:
    ``GroupJoined``;
 3. loads only its shard's tensors (``LoadProgress``), waits for every rank to have loaded (a
    guarded barrier of up to the node's load timeout) and sends ``Loaded``;
-4. runs the lockstep loop: the warm-up on every rank together (``WarmedUp``), then serving.
+4. serves: rank 0 warms up and serves through :func:`~skulk.engine._serve.warm_and_serve`
+   with a :class:`~skulk.engine._sharded_forward.ShardForward`, the others run a
+   :class:`~skulk.engine._sharded_forward.Follower` (``WarmedUp`` once rank 0 says so).
 
 A collective that fails (a peer's connection lost) ends the rank with
 ``RunnerFailed(collective_failed)``; one that outlives its deadline, through the watchdog, with
