@@ -24,8 +24,8 @@ stopped or wedged), :class:`CollectiveFailed` (a peer's connection was lost),
 the flight recorder with the runner's wall-clock times. None of these is retryable: a rank is
 never relaunched on its own. Its progress deadline holds whenever it serves, requests or not
 (every rank of a sharded instance beats from its loop), so a SIGSTOPped rank is reported
-wedged by its own node. Only rank 0 takes requests: :meth:`Runner.open_request` refuses on any other rank with
-``RequestRejected("not_rank_zero")``.
+wedged by its own node. Only rank 0 takes requests: :meth:`Runner.open_request` refuses on any
+other rank with ``RequestRejected("not_rank_zero")``.
 """
 
 from __future__ import annotations
