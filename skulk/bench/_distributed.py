@@ -47,8 +47,13 @@ the mean of the single runs just before and after it; the medians over rounds ar
   serves that many requests at once (each the same greedy request), once per level per
   round: ``tokens_per_s`` = every request's tokens ÷ the wall time from the first request to
   the last ``Finished`` (medians), and ``ratio`` = that ÷ the same at the first level.
-  Concurrent requests share each decode step (continuous batching, see
-  :mod:`skulk.engine._sharded_loop`), so the aggregate should grow with the level.
+  Concurrent requests share each decode step (continuous batching: the one scheduler, see
+  :mod:`skulk.engine._scheduler`), so the aggregate should grow with the level.
+* ``features``: ``pipeline-2``'s prefix cache (a second turn's TTFT, cached ÷ cold) and n-gram
+  speculation (a copy prompt, with ÷ without), see :mod:`skulk.bench._distributed_features`.
+
+Every measured request's prompt is new to the runner that serves it (numbered), so no prefix
+cache shortens a TTFT that is compared with another.
 
 This module runs it; what runs is in ``_distributed_setup``, the measuring in
 ``_distributed_measure``, the figures made of the readings in ``_distributed_result``.
@@ -63,6 +68,7 @@ from pathlib import Path
 
 import trio
 
+from skulk.bench._distributed_features import measure_features
 from skulk.bench._distributed_measure import measure_all, measure_concurrent
 from skulk.bench._distributed_result import Result
 from skulk.bench._distributed_setup import TINY_SHAPE, Settings
@@ -87,9 +93,10 @@ def run(settings: Settings) -> Result:
             tiny = write_generated_model(root / "tiny", TINY_SHAPE, demo, seed=settings.seed)
         singles, runs, runtime = trio.run(measure_all, settings, model, tiny)
         concurrent = trio.run(measure_concurrent, settings, model)
+        features = trio.run(measure_features, settings, str(model))
     transfer = _transfer.run(settings.transfer_mib, settings.transfer_rounds)
     load = (load_before, os.getloadavg()[0])
-    result = Result(settings, singles, runs, runtime, transfer, weights, load, concurrent)
+    result = Result(settings, singles, runs, runtime, transfer, weights, load, concurrent, features)
     if any(s.finish_reason != "length" for s in result.all_samples()):
         print("warning: a run ended before max_tokens; rates are per token", file=sys.stderr)
     return result

@@ -5,6 +5,7 @@ runner's runs around it (:func:`measure_all`), and the concurrent levels
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -32,8 +33,10 @@ from skulk.runner import Runner, loopback_hosts, open_local_group, shard_specs
 from skulk.wire.runner import (
     Finished,
     GenerationEnd,
+    Prompt,
     RequestFailed,
     SamplingParams,
+    TextPrompt,
     TokenChunk,
 )
 
@@ -107,13 +110,13 @@ async def measure_concurrent(settings: Settings, model: Path) -> dict[int, list[
     if not rates:
         return rates
 
-    async def one(runner: Runner, rid: str, timed: list[_Timed]) -> None:
+    async def one(runner: Runner, rid: str, timed: list[Timed]) -> None:
         timed.append(await _generate(runner, rid, settings.max_tokens))
 
     async with open_instance(Instance("pipeline", 2), model, settings.shape.layers) as runners:
         for r in range(settings.rounds):
             for n in settings.concurrency:
-                timed: list[_Timed] = []
+                timed: list[Timed] = []
                 start = time.perf_counter()
                 async with trio.open_nursery() as nursery:
                     for i in range(n):
@@ -170,27 +173,42 @@ async def time_requests(runners: list[Runner], max_tokens: int, repeats: int = 1
 
 
 @attrs.frozen
-class _Timed:
+class Timed:
     ttft_s: float
     ms_per_token: float
     tokens: int
     prompt_tokens: int
     finish_reason: str
     coalesced: bool
+    text: str = ""
+    cached_tokens: int = 0
 
 
-async def _generate(runner: Runner, rid: str, max_tokens: int) -> _Timed:
-    """One greedy request of :data:`PROMPT`, timed (see ``ms_per_token`` in the module doc)."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+#: Numbers the measured prompts: each is new to every runner, so no prefix cache answers it
+#: (a prompt repeated across requests would compare a cached TTFT with uncached ones).
+_SERIAL = itertools.count()
+
+
+async def _generate(runner: Runner, rid: str, max_tokens: int) -> Timed:
+    """One greedy request of :data:`PROMPT` (numbered: never seen before), timed (see
+    ``ms_per_token`` in the module doc)."""
+    prompt = TextPrompt(f"{next(_SERIAL)}. {PROMPT.text}")
+    return await timed_request(runner, rid, prompt, SamplingParams(0.0, max_tokens=max_tokens))
+
+
+async def timed_request(runner: Runner, rid: str, prompt: Prompt, params: SamplingParams) -> Timed:
+    """One request, timed: time to first token, decode ms/token, its text and usage."""
     start = time.perf_counter()
     first = finished = 0.0
     tokens = 0
+    text: list[str] = []
     end: GenerationEnd | None = None
-    async with runner.open_request(rid, PROMPT, params) as events:
+    async with runner.open_request(rid, prompt, params) as events:
         async for event in events:
             if isinstance(event, TokenChunk) and event.token_ids:
                 first = first or time.perf_counter()
                 tokens += len(event.token_ids)
+                text.append(event.text)
             elif isinstance(event, Finished):
                 end, finished = event.end, time.perf_counter()
             elif isinstance(event, RequestFailed):
@@ -201,13 +219,15 @@ async def _generate(runner: Runner, rid: str, max_tokens: int) -> _Timed:
         raise BenchmarkFailed(f"only {tokens} token(s) generated: no decode rate")
     coalesced = finished - first < COALESCED
     per_token = (finished - start) / tokens if coalesced else (finished - first) / (tokens - 1)
-    return _Timed(
+    return Timed(
         first - start,
         per_token * 1000,
         tokens,
         end.usage.prompt_tokens,
         end.finish_reason,
         coalesced,
+        "".join(text),
+        end.usage.cached_tokens,
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from skulk.bench._distributed_features import Features
 from skulk.bench._distributed_measure import Paired, Sample
 from skulk.bench._distributed_setup import SINGLE, SUBJECTS, TINY_SHAPE, Instance, Settings
 
@@ -29,6 +30,7 @@ class Result:
     weights_bytes: int
     load_average: tuple[float, float]
     concurrent: dict[int, list[float]] = attrs.field(factory=dict)  # level → tokens/s by round
+    features: Features | None = None
 
     def subject(self, instance: Instance) -> dict[str, object]:
         """The figures of one instance (medians over rounds; ratios against single)."""
@@ -114,6 +116,7 @@ class Result:
             "subjects": {i.name: self.subject(i) for i in SUBJECTS},
             "transfer": self.transfer,
             **({"concurrent": self._concurrent()} if self.concurrent else {}),
+            **({"features": self.features.as_dict()} if self.features else {}),
         }
 
     def _concurrent(self) -> dict[str, object]:
@@ -176,6 +179,17 @@ class Result:
             assert isinstance(rates, dict) and isinstance(ratios, dict)
             levels = ", ".join(f"{n}: {rates[n]} tok/s ({ratios[n]}x)" for n in rates)
             lines.append(f"pipeline-2 aggregate by concurrent requests: {levels}")
+        if self.features is not None:
+            f = self.features.as_dict()
+            prefix, spec = f["prefix"], f["speculation"]
+            assert isinstance(prefix, dict) and isinstance(spec, dict)
+            lines.append(
+                f"pipeline-2 second-turn TTFT, prefix cache hit ÷ cold: {prefix['ttft_ratio']} "
+                f"({prefix['cached_ttft_ms']} / {prefix['cold_ttft_ms']} ms, "
+                f"{prefix['prompt_tokens']} prompt tokens); speculation on a copy prompt ÷ "
+                f"without: {spec['tokens_per_s_ratio']}x tokens/s "
+                f"(acceptance {spec['acceptance_rate']})"
+            )
         return "\n".join(lines)
 
 

@@ -111,12 +111,16 @@ class _Ring:
         self.broken = False  # an operation failed: nothing more is sent on this ring
 
     @contextlib.contextmanager
-    def collective(self, name: str, seconds: float | None = None) -> Iterator[Note]:
+    def collective(
+        self, name: str, seconds: float | None = None, step: int | None = None
+    ) -> Iterator[Note]:
         """Build and evaluate, inside the block, work that contains a distributed operation:
         under the watchdog (``collective_timeout`` unless ``seconds``), its failure a
-        :class:`CollectiveError`. Building belongs inside too: mlx may evaluate eagerly."""
+        :class:`CollectiveError`. Building belongs inside too: mlx may evaluate eagerly. Its
+        trace entry names ``step`` (default: the next message's)."""
         limit = self.shard.spec.collective_timeout if seconds is None else seconds
-        with self.watchdog.guard(name, self.seq, limit) as note:
+        at = self.seq if step is None else step
+        with self.watchdog.guard(name, at, limit) as note:
             try:
                 yield note
             except (CollectiveError, ops.OpsError):
@@ -298,9 +302,12 @@ class ShardForward(Forward):
 
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
+        """A turn of rank 0's loop, named by the last message every rank was sent before it:
+        the passes a turn waits on first are that message's (the next pass is queued behind
+        them), so a peer that stops shows as the step the timeline last traced."""
         self._idle_ms = IDLE_MIN_MS
         self._what = what
-        with self._ring.collective(what):
+        with self._ring.collective(what, step=max(0, self._ring.seq - 1)):
             yield
 
     def idle(self, soon: bool = False) -> float | None:

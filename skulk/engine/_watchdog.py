@@ -84,18 +84,18 @@ class CollectiveWatchdog:
     def guard(self, collective: str, step: int, seconds: float) -> Iterator[Note]:
         """Run the block (an evaluation with a distributed op) within ``seconds``; the
         :class:`Note` it gets may say what the operation carried. A guard inside another
-        (rank 0's passes inside a turn of its loop) is covered by the outer one's deadline
-        and leaves no entry of its own."""
-        if self._active is not None:  # nested: the enclosing deadline covers it
-            yield Note()
-            return
+        (rank 0's messages inside a turn of its loop) is covered by the outer one's deadline;
+        it leaves its own entry in the trace."""
         start_wall, start = time.time(), time.monotonic()
         note = Note()
-        self._active = _Active(collective, step, seconds, start + seconds)
+        outer = self._active is not None  # nested: the enclosing deadline covers it
+        if not outer:
+            self._active = _Active(collective, step, seconds, start + seconds)
         try:
             yield note
         finally:
-            self._active = None
+            if not outer:
+                self._active = None
             took = time.monotonic() - start
             self.record(CollectiveEntry(start_wall, collective, step, took, note.detail))
 

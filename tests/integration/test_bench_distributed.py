@@ -1,6 +1,6 @@
 """``python -m skulk.bench distributed`` end to end with a tiny model and tiny counts: real
 runner processes (one runner, then pipeline-2, pipeline-3 and tensor-2 groups on loopback)
-and the weight transfer. Checks the shape of the result, not the numbers (timing is for
+the sharded features (prefix cache, speculation) and the weight transfer. Checks the shape of the result, not the numbers (timing is for
 benchmarks, not tests)."""
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ def test_distributed_bench_measures_every_sharding() -> None:
     assert set(concurrent["tokens_per_s"]) == set(concurrent["ratio"]) == {"1", "2"}
     assert all(map(positive, concurrent["tokens_per_s"].values()))
     assert concurrent["ratio"]["1"] == 1.0 and len(concurrent["by_round"]["2"]) == 1
+    prefix, speculation = result["features"]["prefix"], result["features"]["speculation"]
+    assert positive(prefix["ttft_ratio"]) and positive(prefix["prompt_tokens"])
+    assert len(prefix["reused_tokens"]) == 1 and positive(prefix["reused_tokens"][0])
+    assert positive(speculation["tokens_per_s_ratio"])
+    assert 0 <= speculation["acceptance_rate"] <= 1
     transfer = result["transfer"]
     for key in ("fetch_mb_s", "copy_mb_s", "fetch_vs_copy", "fetch_vs_copy_fsync"):
         assert positive(transfer[key]), key
