@@ -30,11 +30,11 @@ from mlx_lm.models.cache import make_prompt_cache
 from skulk.engine._engine import Engine, TokenOutput
 from skulk.engine._sampling import Sampler
 from skulk.engine._single import decode_alone, warm_up
-from skulk.engine._speculate import (
+from skulk.engine._speculate import SpeculativeDecoder
+from skulk.engine._speculation_control import (
     DEFAULT_SPECULATIVE_TOKENS,
     SpeculationController,
     SpeculationStatistics,
-    SpeculativeDecoder,
 )
 from skulk.wire.runner import SamplingParams, TextPrompt
 

@@ -48,7 +48,8 @@ from skulk.engine._engine import Engine, Step, TokenOutput
 from skulk.engine._grammar import Constraint, mask_rows
 from skulk.engine._rows import sample_rows
 from skulk.engine._sampling import Sampler
-from skulk.engine._speculate import NGramProposer, SpeculationController, SpeculativeDecoder
+from skulk.engine._speculate import NGramProposer, SpeculativeDecoder
+from skulk.engine._speculation_control import SpeculationController
 from skulk.engine._tool_parse import ToolText
 from skulk.wire.runner import FinishReason, SamplingParams, Usage
 

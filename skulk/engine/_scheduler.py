@@ -28,7 +28,7 @@ from skulk.engine._grammar import request_constraint
 from skulk.engine._link import Link
 from skulk.engine._prefix_cache import PrefixCache
 from skulk.engine._prepare import Prepared, PromptPreparer, log_failure, shorten
-from skulk.engine._speculate import DEFAULT_SPECULATIVE_TOKENS
+from skulk.engine._speculation_control import DEFAULT_SPECULATIVE_TOKENS
 from skulk.engine._stats import EngineTotals
 from skulk.engine._tool_parse import ToolText
 from skulk.engine.faults import Faults

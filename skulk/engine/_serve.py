@@ -16,7 +16,7 @@ from skulk.engine._link import EOF, Link
 from skulk.engine._prepare import Prepared, load_failure_reason, shorten
 from skulk.engine._scheduler import Scheduler
 from skulk.engine._single import warm_up
-from skulk.engine._speculate import DEFAULT_SPECULATIVE_TOKENS
+from skulk.engine._speculation_control import DEFAULT_SPECULATIVE_TOKENS
 from skulk.engine.faults import Faults
 from skulk.wire.runner import (
     Cancel,

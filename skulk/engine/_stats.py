@@ -1,7 +1,7 @@
 """A runner's engine counters for the node's diagnostics (:class:`~skulk.wire.runner.EngineStats`).
 
 Speculation is measured per request, by its
-:class:`~skulk.engine._speculate.SpeculationController` (kept with the row across its
+:class:`~skulk.engine._speculation_control.SpeculationController` (kept with the row across its
 single-row spells). :class:`EngineTotals` adds a request's counters to the runner's totals when
 the request leaves (finished, cancelled or failed) and, for a snapshot, adds those of the
 requests still running, so a long request's acceptance shows while it runs and no request is
@@ -21,7 +21,7 @@ import attrs
 from skulk.wire.runner import EngineStats
 
 if TYPE_CHECKING:  # _speculate imports mlx; this module must not need it
-    from skulk.engine._speculate import SpeculationStatistics
+    from skulk.engine._speculation_control import SpeculationStatistics
 
 
 @attrs.frozen

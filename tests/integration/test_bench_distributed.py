@@ -1,7 +1,7 @@
 """``python -m skulk.bench distributed`` end to end with a tiny model and tiny counts: real
-runner processes (one runner, then pipeline-2, pipeline-3 and tensor-2 groups on loopback)
-the sharded features (prefix cache, speculation) and the weight transfer. Checks the shape of the result, not the numbers (timing is for
-benchmarks, not tests)."""
+runner processes (one runner, then pipeline-2, pipeline-3 and tensor-2 groups on loopback),
+the sharded features (prefix cache, speculation) and the weight transfer. Checks the shape of
+the result, not the numbers (timing is for benchmarks, not tests)."""
 
 from __future__ import annotations
 

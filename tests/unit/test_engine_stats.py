@@ -8,7 +8,7 @@ import socket
 from typing import Any
 
 from skulk.engine._link import Link
-from skulk.engine._speculate import SpeculationStatistics
+from skulk.engine._speculation_control import SpeculationStatistics
 from skulk.engine._stats import EngineTotals, SpeculationTotals
 from skulk.engine.protocol import FROM_RUNNER
 from skulk.runner import LoadFailed, Runner

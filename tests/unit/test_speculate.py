@@ -17,11 +17,11 @@ from mlx_lm.models import cache as mlx_cache
 from skulk.engine._sampling import Sampler
 from skulk.engine._speculate import (
     NGramProposer,
-    SpeculationController,
     SpeculationUnsupported,
     can_speculate,
     speculative_step,
 )
+from skulk.engine._speculation_control import SpeculationController
 from skulk.wire.runner import SamplingParams
 
 # mlx-lm's cache classes are untyped
