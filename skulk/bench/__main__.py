@@ -236,7 +236,7 @@ def _emit(
 
 def _spec(args: argparse.Namespace) -> int:
     from skulk.bench._spec import run, table
-    from skulk.engine._speculation_control import DEFAULT_SPECULATIVE_TOKENS
+    from skulk.engine.inprocess import DEFAULT_SPECULATIVE_TOKENS
 
     k = DEFAULT_SPECULATIVE_TOKENS if args.speculative_tokens is None else args.speculative_tokens
     result = run(args.max_tokens, args.rounds, k)

@@ -27,14 +27,16 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from skulk.engine._engine import Engine, TokenOutput
-from skulk.engine._sampling import Sampler
-from skulk.engine._single import decode_alone, warm_up
-from skulk.engine._speculate import SpeculativeDecoder
-from skulk.engine._speculation_control import (
+from skulk.engine.inprocess import (
     DEFAULT_SPECULATIVE_TOKENS,
+    Engine,
+    Sampler,
     SpeculationController,
     SpeculationStatistics,
+    SpeculativeDecoder,
+    TokenOutput,
+    decode_alone,
+    warm_up,
 )
 from skulk.wire.runner import SamplingParams, TextPrompt
 

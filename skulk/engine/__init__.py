@@ -10,5 +10,6 @@ distributed over the instance's compute group.
 
 This package's face is deliberately light: importing it (or :mod:`skulk.engine.faults` and
 :mod:`skulk.engine.protocol`, which the node uses) imports no mlx. The mlx modules are
-private and loaded only inside the runner process, by benchmarks and by tests.
+private and loaded only inside the runner process; benchmarks and in-process references use
+:mod:`skulk.engine.inprocess`.
 """

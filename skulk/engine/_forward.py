@@ -52,9 +52,9 @@ class Budgets:
     bytes_per_token: int
 
 
-def states(cache: Sequence[Any]) -> list[Any]:
-    """What evaluating a cache's update means: every layer's state arrays."""
-    return [c.state for c in cache]
+def states(cache: Sequence[Any] | None) -> list[Any]:
+    """What evaluating a cache's update means: every layer's state arrays (none without one)."""
+    return [] if cache is None else [c.state for c in cache]
 
 
 def compact(cache: Sequence[Any], n: int) -> list[Any] | None:

@@ -188,7 +188,10 @@ class Scheduler:
     def advance(self) -> None:
         """One embedding group of the oldest ``Embed``, one prefill chunk of the oldest
         admitted prompt, then one decode step (a turn of work, under the forward pass's
-        :meth:`~skulk.engine._forward.Forward.guard`)."""
+        :meth:`~skulk.engine._forward.Forward.guard`); nothing while there is nothing to
+        compute."""
+        if not self.busy:
+            return
         what = "forward(prefill)" if self.prefills or self.embeds else "forward(decode)"
         with self._engine.forward.guard(what):
             if self.embeds:

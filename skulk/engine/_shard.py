@@ -46,6 +46,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+from skulk.engine._forward import states
 from skulk.models import ShardSlice, needed_tensors
 from skulk.wire.runner import ShardSpec
 
@@ -197,10 +198,6 @@ class Shard:
         raise NotImplementedError
 
 
-def _states(cache: list[Any] | None) -> list[Any]:
-    return [] if cache is None else [c.state for c in cache]
-
-
 def _flat(tree: Any) -> list[tuple[str, Any]]:
     return cast(list[tuple[str, Any]], tree_flatten(tree))
 
@@ -215,7 +212,7 @@ class PipelineShard(Shard):
     def fill(self, tokens: mx.array, cache: list[Any]) -> None:
         self._norm.back = False
         try:
-            mx.eval([self.model.model(tokens, cache=cache), *_states(cache)])
+            mx.eval([self.model.model(tokens, cache=cache), *states(cache)])
         finally:
             self._norm.back = True
 
@@ -224,7 +221,7 @@ class PipelineShard(Shard):
         self._norm.enabled = back or not last
         try:
             shape = mx.zeros((rows, length), dtype=mx.int32)  # only the shape matters here
-            mx.eval([self.model.model(shape, cache=cache), *_states(cache)])
+            mx.eval([self.model.model(shape, cache=cache), *states(cache)])
         finally:
             self._norm.enabled = True
 
@@ -238,11 +235,11 @@ class TensorShard(Shard):
         return mx.distributed.all_sum(tokens.astype(mx.int32), group=self.group)
 
     def fill(self, tokens: mx.array, cache: list[Any]) -> None:
-        mx.eval([self.model.model(self.tokens(tokens), cache=cache), *_states(cache)])
+        mx.eval([self.model.model(self.tokens(tokens), cache=cache), *states(cache)])
 
     def follow(self, rows: int, length: int, cache: list[Any] | None, back: bool) -> None:
         zeros = mx.zeros((rows, length), dtype=mx.int32)
-        mx.eval([self.hidden(zeros, cache), *_states(cache)])
+        mx.eval([self.hidden(zeros, cache), *states(cache)])
 
 
 def load_shard(

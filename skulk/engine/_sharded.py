@@ -38,8 +38,10 @@ import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
 from skulk.engine._engine import DEFAULT_CONTEXT, Engine
+from skulk.engine._follower import Follower
 from skulk.engine._link import Link
 from skulk.engine._prepare import load_failure_reason, log_failure, shorten
+from skulk.engine._ring import CollectiveError
 from skulk.engine._serve import warm_and_serve
 from skulk.engine._shard import (
     Shard,
@@ -48,7 +50,7 @@ from skulk.engine._shard import (
     load_shard,
     open_model,
 )
-from skulk.engine._sharded_forward import CollectiveError, Follower, ShardForward
+from skulk.engine._sharded_forward import ShardForward
 from skulk.engine._watchdog import COLLECTIVE_FAILED_EXIT_CODE, CollectiveWatchdog, init_alarm
 from skulk.engine.faults import Faults
 from skulk.wire.runner import (

@@ -1,5 +1,5 @@
 """The distributed forward pass of a sharded instance: rank 0's :class:`ShardForward`, and
-:class:`Follower`, the loop of every other rank.
+:class:`~skulk.engine._follower.Follower`, the loop of every other rank.
 
 Rank 0 runs the one scheduler (:mod:`skulk.engine._scheduler`) exactly as a single process
 does; its :class:`~skulk.engine._forward.Forward` is a :class:`ShardForward`. Every call the
@@ -21,9 +21,9 @@ Rank 0's caches are :class:`Cache` lists that carry their key; when the schedule
 **Deadlines.** Rank 0 runs each turn of its loop, and every rank each message and each pass,
 under the collective watchdog (:mod:`skulk.engine._watchdog`, ``collective_timeout``): a peer
 that stops answering ends every rank within its deadline with a typed failure. A failure
-inside a pass on rank 0 is checked (:meth:`ShardForward.check`: a message that must come back
-round the ring); a group that no longer answers ends the runner with
-``RunnerFailed(collective_failed)``, a request-local failure fails only its request.
+inside a pass on rank 0 is checked (:meth:`ShardForward.check`): a compute-group failure ends
+the runner at once with ``RunnerFailed(collective_failed)``; otherwise a message must still
+come back round the ring, and the failure was the request's own (it fails alone).
 
 **Idle.** A rank waiting inside a receive spins a CPU core (the ring backend polls its
 sockets), so when rank 0 has nothing to do it sends an idle message saying how long it will
@@ -35,50 +35,24 @@ ring back to rank 0, so a stopped peer is noticed while idle too.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
 
 from skulk.engine import _ops as ops
-from skulk.engine._budget import kv_capacity
 from skulk.engine._forward import Budgets, Forward, compact
-from skulk.engine._link import EOF, Link
-from skulk.engine._prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
+from skulk.engine._ring import CollectiveError, Ring, budget_tokens
 from skulk.engine._rows import drop_row, join_rows, kv_bytes_per_token
 from skulk.engine._shard import Shard
-from skulk.engine._watchdog import CollectiveWatchdog, Note
-from skulk.engine.faults import Faults
-from skulk.wire.runner import (
-    Cancel,
-    Finished,
-    Generate,
-    GenerationEnd,
-    Load,
-    RequestFailed,
-    RunnerFailed,
-    Shutdown,
-    Usage,
-    WarmedUp,
-)
+from skulk.engine._watchdog import CollectiveWatchdog
 
 log = logging.getLogger("skulk.engine")
 
 IDLE_MIN_MS = 2
 IDLE_MAX_MS = 64
-#: A rank told to idle wakes this much before rank 0 said it would send the next message.
-IDLE_MARGIN = 0.001
-#: The most tokens a rank's budgets are said to hold in the ``all_min`` (an int32).
-TOKENS_MAX = 2**31 - 1
-
-
-class CollectiveError(Exception):
-    """A distributed evaluation failed (a peer's connection lost), or the ranks lost step."""
 
 
 class Cache(list[Any]):
@@ -91,108 +65,13 @@ def _key_of(cache: Sequence[Any]) -> int:
     return cache.key if isinstance(cache, Cache) else 0
 
 
-def budget_tokens(
-    kv_configured: int | None, prefix_configured: int | None, per_token: int, context: int
-) -> list[int]:
-    """The tokens this rank's KV budget and prefix bound hold (what the ranks agree on)."""
-    capacity = kv_capacity(kv_configured, per_token, context)
-    prefix = DEFAULT_PREFIX_CACHE_BYTES if prefix_configured is None else prefix_configured
-    return [min(capacity // per_token, TOKENS_MAX), min(prefix // per_token, TOKENS_MAX)]
-
-
-class _Ring:
-    """One rank's end of the message ring (see :mod:`skulk.engine._ops`)."""
-
-    def __init__(self, shard: Shard, watchdog: CollectiveWatchdog) -> None:
-        self.shard = shard
-        self.rank, self.world = shard.spec.rank, shard.spec.world
-        self.watchdog = watchdog
-        self.seq = 0
-        self.broken = False  # an operation failed: nothing more is sent on this ring
-
-    @contextlib.contextmanager
-    def collective(
-        self, name: str, seconds: float | None = None, step: int | None = None
-    ) -> Iterator[Note]:
-        """Build and evaluate, inside the block, work that contains a distributed operation:
-        under the watchdog (``collective_timeout`` unless ``seconds``), its failure a
-        :class:`CollectiveError`. Building belongs inside too: mlx may evaluate eagerly. Its
-        trace entry names ``step`` (default: the next message's)."""
-        limit = self.shard.spec.collective_timeout if seconds is None else seconds
-        at = self.seq if step is None else step
-        with self.watchdog.guard(name, at, limit) as note:
-            try:
-                yield note
-            except (CollectiveError, ops.OpsError):
-                self.broken = True
-                raise
-            except Exception as exc:
-                self.broken = True
-                raise CollectiveError(f"{name} at step {self.seq} failed: {exc}") from exc
-
-    def barrier(self, seconds: float) -> None:
-        """Wait (up to ``seconds``) until every rank got here."""
-        with self.collective("barrier(loaded)", seconds):
-            one = mx.array([1], dtype=mx.int32)
-            count = int(cast(int, mx.distributed.all_sum(one, group=self.shard.group).item()))
-        if count != self.world:
-            raise CollectiveError(f"barrier counted {count} of {self.world}")
-
-    def all_min(self, values: list[int]) -> list[int]:
-        with self.collective("all_min(budgets)"):
-            mine = mx.array(values, dtype=mx.int32)
-            least = mx.distributed.all_min(mine, group=self.shard.group)
-            return cast(list[int], least.tolist())
-
-    def send(self, header: ops.Header, todo: Sequence[ops.Op]) -> None:
-        """Rank 0: a message to rank 1 (and, with ``echo``, wait for it to come back)."""
-        payload = ops.encode(todo)
-        header = attrs.evolve(header, length=len(payload))
-        group = self.shard.group
-        with self.collective("broadcast(control)") as note:
-            head = mx.array(ops.encode_header(header), dtype=mx.int32)
-            mx.eval(mx.distributed.send(head, 1, group=group))
-            if payload:
-                mx.eval(mx.distributed.send(mx.array(payload, dtype=mx.int32), 1, group=group))
-            if header.echo:
-                mx.eval(mx.distributed.recv_like(head, self.world - 1, group=group))
-            note.detail = ops.describe(todo)
-        self.seq += 1
-
-    def receive(self) -> tuple[ops.Header, list[ops.Op]]:
-        """A rank after the first: the next message from its left, passed on to its right."""
-        group, rank = self.shard.group, self.rank
-        with self.collective("broadcast(control)") as note:
-            head = mx.distributed.recv((ops.HEADER_SIZE,), mx.int32, rank - 1, group=group)
-            if rank < self.world - 1:
-                mx.eval(mx.distributed.send(head, rank + 1, group=group))
-            header = ops.decode_header(cast(list[int], head.tolist()), self.seq)
-            words: list[int] = []
-            if header.length:
-                body = mx.distributed.recv((header.length,), mx.int32, rank - 1, group=group)
-                if rank < self.world - 1:
-                    mx.eval(mx.distributed.send(body, rank + 1, group=group))
-                words = cast(list[int], body.tolist())
-            todo = ops.decode(words)
-            note.detail = ops.describe(todo)
-        self.seq += 1
-        return header, todo
-
-    def echo(self, header: ops.Header) -> None:
-        """The last rank: an echoed message goes back to rank 0 once applied."""
-        if header.echo and self.rank == self.world - 1:
-            with self.collective("broadcast(control)"):
-                head = mx.array(ops.encode_header(header), dtype=mx.int32)
-                mx.eval(mx.distributed.send(head, 0, group=self.shard.group))
-
-
 class ShardForward(Forward):
     """Rank 0's forward pass of a sharded instance (see the module doc)."""
 
     def __init__(self, shard: Shard, watchdog: CollectiveWatchdog) -> None:
         super().__init__(shard.model)
         self._shard = shard
-        self._ring = _Ring(shard, watchdog)
+        self._ring = Ring(shard, watchdog)
         self._pending: list[ops.Op] = []
         self._next_key = 1
         self._idle_ms = IDLE_MIN_MS
@@ -339,167 +218,3 @@ class ShardForward(Forward):
 
     def barrier(self, seconds: float) -> None:
         self._ring.barrier(seconds)
-
-
-class Follower:
-    """A rank after the first: :meth:`run` applies rank 0's messages until the group ends."""
-
-    def __init__(
-        self,
-        link: Link,
-        shard: Shard,
-        watchdog: CollectiveWatchdog,
-        faults: Faults,
-        load: Load,
-        context: int,
-    ) -> None:
-        self._link = link
-        self._shard = shard
-        self._ring = _Ring(shard, watchdog)
-        self._faults = faults
-        self._load = load
-        self._context = context
-        self._caches: dict[int, list[Any]] = {}
-        self._passes: dict[int, int] = {}  # passes through a cache (the fault hooks' count)
-        self._rows = 0  # rows of the last decode pass (the trace notes changes)
-
-    def barrier(self, seconds: float) -> None:
-        self._ring.barrier(seconds)
-
-    def run(self) -> int:
-        wait = 0.0
-        while True:
-            if (code := self._frames(wait)) is not None:
-                return code
-            header, todo = self._ring.receive()
-            for op in todo:
-                if isinstance(op, ops.Shutdown):
-                    message = "rank 0 ended the compute group"
-                    self._link.send(RunnerFailed(reason="group_stopped", message=message))
-                    return 0
-                self._apply(op)
-            self._ring.echo(header)
-            wait = header.idle_ms / 1000 - IDLE_MARGIN
-            self._link.beat()
-
-    def _frames(self, wait: float) -> int | None:
-        """Answer the node's frames (only rank 0 serves); an exit code when it stops us."""
-        frames = [] if wait <= 0 else [self._link.wait_frame(wait)]
-        while (frame := self._link.next_frame(block=False)) is not None:
-            frames.append(frame)
-        for frame in frames:
-            if frame is None:
-                continue
-            if frame is EOF or isinstance(frame, Shutdown):
-                return 0  # our node stops this rank: the group breaks, the others see it
-            if isinstance(frame, Generate):
-                self._link.send(
-                    RequestFailed(frame.request_id, "not_rank_zero", "only rank 0 serves")
-                )
-            elif isinstance(frame, Cancel):
-                self._link.send(Finished(frame.request_id, GenerationEnd("cancelled", Usage(0, 0))))
-            else:
-                log.error("runner: unexpected frame %r", frame)
-                return 3
-        return None
-
-    def _get(self, key: int) -> list[Any]:
-        if key == 0:
-            return []
-        found = self._caches.get(key)
-        if found is None:
-            raise CollectiveError(f"message {self._ring.seq}: no cache {key} on this rank")
-        return found
-
-    def _put(self, key: int, cache: list[Any] | None) -> None:
-        if key and cache is not None:
-            self._caches[key] = cache
-
-    def _apply(self, op: ops.Op) -> None:
-        handler = self._HANDLERS.get(type(op))
-        if handler is None:
-            raise CollectiveError(f"message {self._ring.seq}: unexpected op {op!r}")
-        try:
-            handler(self, op)
-        except (CollectiveError, ops.OpsError):
-            raise
-        except Exception as exc:
-            raise CollectiveError(f"{op!r} at message {self._ring.seq} failed: {exc}") from exc
-
-    def _new(self, op: ops.New) -> None:
-        self._caches[op.key] = self._shard.new_cache()
-
-    def _free(self, op: ops.Free) -> None:
-        self._caches.pop(op.key, None)
-        self._passes.pop(op.key, None)
-
-    def _forward(self, op: ops.Forward) -> None:
-        cache = self._get(op.key) if op.key else None
-        done = self._passes.get(op.key, 0)
-        decode = op.length == 1
-        name = "forward(decode)" if decode else "forward(prefill)"
-        for _ in range(op.rows if decode else 1):
-            self._faults.hit("decode" if decode else "prefill", done)
-        with self._ring.collective(name) as note:
-            if decode and op.rows != self._rows:
-                note.detail = f"rows {op.rows}"
-            self._shard.follow(op.rows, op.length, cache, op.back)
-        if decode:
-            self._rows = op.rows
-        self._passes[op.key] = done + 1
-
-    def _join(self, op: ops.Join) -> None:
-        own = self._get(op.own)
-        result = join_rows(self._get(op.batch), op.rows, own)
-        self._caches.pop(op.own, None)
-        if op.batch != op.result:
-            self._caches.pop(op.batch, None)
-        self._put(op.result, result)
-        self._passes[op.result] = max(self._passes.get(op.batch, 0), self._passes.get(op.own, 0))
-
-    def _drop(self, op: ops.Drop) -> None:
-        rest, own, _ = drop_row(self._get(op.batch), op.rows, op.index, keep_cache=bool(op.own))
-        if op.rest != op.batch:
-            self._caches.pop(op.batch, None)
-        self._put(op.rest, rest if op.rest else None)
-        self._put(op.own, own)
-
-    def _trim(self, op: ops.Trim) -> None:
-        trim_prompt_cache(self._get(op.key), op.n)
-
-    def _keep(self, op: ops.Keep) -> None:
-        kept = compact(self._get(op.key), op.n)
-        if kept is None:
-            raise CollectiveError(f"cannot keep {op.n} tokens of cache {op.key}")
-        self._caches[op.entry] = kept
-
-    def _copy(self, op: ops.Copy) -> None:
-        fetched = copy.deepcopy(self._get(op.entry))
-        held = int(fetched[0].offset) if fetched else 0
-        if held > op.n:
-            trim_prompt_cache(fetched, held - op.n)
-        self._caches[op.key] = fetched
-
-    def _measure(self, op: ops.Measure) -> None:
-        per_token = kv_bytes_per_token(self._get(op.key))
-        load = self._load
-        mine = budget_tokens(
-            load.kv_cache_bytes, load.prefix_cache_bytes, per_token, self._context
-        )
-        self._ring.all_min(mine)
-
-    def _warmed(self, op: ops.Warmed) -> None:
-        self._link.send(WarmedUp())
-
-    _HANDLERS: dict[type, Callable[[Follower, Any], None]] = {
-        ops.New: _new,
-        ops.Free: _free,
-        ops.Forward: _forward,
-        ops.Join: _join,
-        ops.Drop: _drop,
-        ops.Trim: _trim,
-        ops.Keep: _keep,
-        ops.Copy: _copy,
-        ops.Measure: _measure,
-        ops.Warmed: _warmed,
-    }
