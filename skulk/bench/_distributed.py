@@ -25,9 +25,9 @@ the mean of the single runs just before and after it; the medians over rounds ar
   ``tokens_per_s_ratio`` = single ms/token ÷ subject ms/token (goal for ``pipeline-2``: ≥ 0.9).
 * ``ttft_ratio``: time from ``open_request`` to the first token, subject ÷ single.
 * ``added_ms_per_token`` = subject ms/token - single ms/token. For a pipeline of n ranks
-  ``hops`` = n: per token the hidden state crosses the n - 1 links between stages and the
-  sampled token goes back from the last rank to rank 0 (the step's control block rides the
-  same links in the same step); ``per_hop_ms`` = added ms/token ÷ hops. For tensor-n,
+  ``hops`` = n: per token the hidden state crosses every link of the ring, the n - 1 between
+  stages and back from the last rank to rank 0, where the logits are (the step's message of
+  ops rides the same links first); ``per_hop_ms`` = added ms/token ÷ hops. For tensor-n,
   ``all_sums_per_token`` = 2 * layers (after each attention and each MLP block) and
   ``per_all_sum_ms`` = added ms/token ÷ that.
 * ``rss_mib`` by rank, from each runner's heartbeat after its measured request
@@ -38,7 +38,7 @@ the mean of the single runs just before and after it; the medians over rounds ar
   single's runtime) / n) ÷ single: the weights split n ways, the runtime paid by every rank.
 * ``tiny_model``: the same instances on the tiny model, ``TINY_REPEATS`` requests each (the
   medians), measured once before the rounds: ``ms_per_token`` and the costs above, where
-  compute is negligible, so the added time is the links and the lockstep loop themselves.
+  compute is negligible, so the added time is the links and the ranks' messages themselves.
 * ``cpu_cores`` by rank: CPU time the rank's process used during the measured request ÷ its
   wall time (from ``/proc``): how many cores a rank kept busy, computing or waiting.
 * ``transfer``: :func:`skulk.bench._transfer.run` — fetching weights from a peer over one
