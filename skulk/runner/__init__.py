@@ -34,8 +34,9 @@ from skulk.runner._local_group import (
     open_local_group,
     shard_specs,
 )
-from skulk.runner._process import RequestEvent, Runner
+from skulk.runner._process import Runner
 from skulk.runner._recorder import FlightEvent, FlightRecorder
+from skulk.runner._request_table import RequestEvent
 
 __all__ = [
     "TRANSITIONS",

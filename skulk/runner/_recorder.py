@@ -10,6 +10,8 @@ import attrs
 
 DEFAULT_CAPACITY = 256
 
+log = logging.getLogger("skulk.runner")
+
 
 @attrs.frozen
 class FlightEvent:
@@ -71,3 +73,10 @@ class FlightRecorder:
         for e in sorted(self._events, key=lambda e: e.at):
             rid = f" [{e.request_id}]" if e.request_id else ""
             logger.error("  %+9.3fs %-20s %s%s", e.since_spawn, e.kind, e.detail, rid)
+
+
+def deadline_fired(recorder: FlightRecorder, who: str, name: str, seconds: float) -> None:
+    """Record that the deadline ``name`` (of ``seconds``) fired on runner ``who`` (``runner
+    MODEL#INCARNATION``), and write the whole timeline to the log."""
+    recorder.record("deadline", f"{name} ({seconds:g}s)")
+    recorder.dump(log, f"{who}: {name} fired")

@@ -241,9 +241,9 @@ async def test_a_runner_that_cannot_be_spawned_is_a_typed_failure(tmp_path: Path
 async def test_a_stalled_consumer_is_dropped_not_the_runner(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import skulk.runner._process as process
+    import skulk.runner._request_table as request_table
 
-    monkeypatch.setattr(process, "REQUEST_BUFFER", 8)
+    monkeypatch.setattr(request_table, "REQUEST_BUFFER", 8)
     runner = make(model_dir, progress_timeout=2)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

@@ -123,7 +123,7 @@ async def test_the_diagnostics_route_shows_the_latest_engine_stats() -> None:
     assert (await diagnostics(runner))["engine"] is None  # nothing sent yet
     for frame in (stats(SpeculationTotals(1, 1, 2, 0)), stats(SpeculationTotals(4, 2, 10, 7))):
         # As from the runner's socket: a background frame, accepted in any phase.
-        assert runner._background(FROM_RUNNER.decode(FROM_RUNNER.encode(frame)), LoadFailed)
+        assert runner._pump.background(FROM_RUNNER.decode(FROM_RUNNER.encode(frame)), LoadFailed)
     engine = (await diagnostics(runner))["engine"]
     assert engine["speculation_drafted"] == 10
     assert engine["speculation_accepted"] == 7

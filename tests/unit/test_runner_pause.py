@@ -11,21 +11,21 @@ import trio
 import trio.testing
 
 from skulk.runner import Runner, RunnerConfig, RunnerWedged
-from skulk.runner._process import PAUSE_SLACK
+from skulk.runner._watchdog import PAUSE_SLACK
 
 PROGRESS = 2.0
 
 
 def busy_runner() -> Runner:
     runner = Runner("m", "/nowhere", RunnerConfig(progress_timeout=PROGRESS))
-    runner._inflight["r"] = False  # one request active: the progress deadline holds
-    runner._last_progress = trio.current_time()
+    runner._table.inflight["r"] = False  # one request active: the progress deadline holds
+    runner._watchdog.last_progress = trio.current_time()
     return runner
 
 
 async def watch(runner: Runner, failures: list[RunnerWedged]) -> None:
     try:
-        await runner._watch()
+        await runner._watchdog.watch()
     except RunnerWedged as exc:
         failures.append(exc)
 
@@ -82,7 +82,7 @@ async def test_frames_waiting_unread_are_not_silence(mock_clock: trio.testing.Mo
     ours, theirs = socket.socketpair()
     with ours, theirs:
         runner, failures = busy_runner(), []
-        runner._stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        runner._link.attach(ours)
         theirs.send(b"\0" * 8)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, runner, failures)

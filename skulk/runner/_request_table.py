@@ -1,0 +1,168 @@
+"""The requests on one runner, as bookkeeping (no I/O): who waits for which request's events,
+which requests the runner still works on, and which Cancels it has not answered yet.
+
+Three maps, because the three lifetimes differ. A request's *channel* lives while its consumer
+wants events; it is *in flight* from the moment it is sent until the runner ends it (a request
+whose consumer left stays in flight until the runner acknowledges the Cancel); a *pending
+cancel* lives from the Cancel until the runner's one ``Finished(cancelled)`` answer, which may
+come after the request ended by itself. An id is free again only when it is in none of them.
+
+:meth:`RequestTable.deliver` hands one frame from the runner to its request's channel and never
+waits: a consumer that falls :data:`REQUEST_BUFFER` chunks behind is ended with
+``client_too_slow`` and its request is to be cancelled (the caller sends the Cancel).
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from skulk.runner._recorder import FlightRecorder
+from skulk.wire.runner import Embedded, Finished, RequestFailed, TokenChunk, Tokenized
+
+RequestEvent = TokenChunk | Finished | Tokenized | Embedded | RequestFailed
+#: Chunks buffered per request; a consumer that falls this far behind is failed with
+#: ``client_too_slow`` (the runner's reader never waits for one consumer).
+REQUEST_BUFFER = 1024
+
+
+@attrs.frozen
+class Delivery:
+    """What the caller of :meth:`RequestTable.deliver` must do next: move the runner to
+    ``ready`` (``idle``: the last request in flight ended) and send a ``Cancel`` for
+    ``cancel`` (its consumer fell too far behind)."""
+
+    idle: bool = False
+    cancel: str | None = None
+
+
+class RequestTable:
+    """The requests of one runner incarnation; events go to ``recorder``."""
+
+    def __init__(self, recorder: FlightRecorder) -> None:
+        self._recorder = recorder
+        self._channels: dict[str, trio.MemorySendChannel[RequestEvent]] = {}
+        #: Requests the runner works on: request id → its first token was seen.
+        self.inflight: dict[str, bool] = {}
+        #: Cancels not answered yet: request id → the deadline for the answer.
+        self.pending_cancels: dict[str, float] = {}
+        self.tokens_out = 0
+        self.cancelled = 0
+
+    def in_use(self, request_id: str) -> bool:
+        """Whether ``request_id`` may not be used for a new request yet."""
+        return (
+            request_id in self._channels
+            or request_id in self.inflight
+            or request_id in self.pending_cancels
+        )
+
+    def open(self, request_id: str) -> trio.MemoryReceiveChannel[RequestEvent]:
+        """A new channel for ``request_id``'s events."""
+        # One slot more than the chunks it may hold: room for a final client_too_slow.
+        send, receive = trio.open_memory_channel[RequestEvent](REQUEST_BUFFER + 1)
+        self._channels[request_id] = send
+        return receive
+
+    def start(self, request_id: str) -> None:
+        """``request_id`` is on its way to the runner: in flight."""
+        self.inflight[request_id] = False
+        self._recorder.record("request.start", request_id=request_id)
+
+    def close(self, request_id: str) -> bool:
+        """The consumer of ``request_id`` left: close its channel. True when it was still open,
+        that is, the runner had not ended the request."""
+        send = self._channels.pop(request_id, None)
+        if send is None:
+            return False
+        send.close()
+        return True
+
+    def forget(self, request_id: str) -> bool:
+        """Drop a request the runner never received; True when it was in flight."""
+        if self.inflight.pop(request_id, None) is None:
+            return False
+        self._recorder.record("request.fail", "never sent", request_id)
+        return True
+
+    def cancelling(self, request_id: str, deadline: float) -> None:
+        """A Cancel for ``request_id`` is being sent; its answer is due by ``deadline``."""
+        self.pending_cancels[request_id] = deadline
+        self._recorder.record("request.cancel", request_id=request_id)
+
+    def late_cancels(self, now: float) -> list[str]:
+        """The requests whose Cancel is unanswered past its deadline, sorted."""
+        return sorted(r for r, d in self.pending_cancels.items() if d <= now)
+
+    def deliver(self, frame: RequestEvent) -> Delivery:
+        """Hand ``frame`` to its request's consumer, without waiting."""
+        rid = frame.request_id
+        if isinstance(frame, Finished) and frame.end.finish_reason == "cancelled":
+            # The runner answers every Cancel with exactly one Finished(cancelled): the end of
+            # the request, or a bare acknowledgement when the request had already ended (it
+            # finished or failed while the Cancel was on its way). Only that answer clears the
+            # deadline, so an id is never reused while an answer for it may still arrive.
+            self.pending_cancels.pop(rid, None)
+        if rid not in self.inflight:
+            return Delivery()  # not ours (a late acknowledgement, a duplicate): ignore
+        idle = False
+        if isinstance(frame, TokenChunk):
+            self.tokens_out += len(frame.token_ids)
+            if not self.inflight[rid]:
+                self.inflight[rid] = True
+                self._recorder.record("request.first_token", request_id=rid)
+        else:
+            del self.inflight[rid]
+            self._record_end(frame)
+            idle = not self.inflight
+        send = self._channels.get(rid)
+        if send is None:
+            return Delivery(idle)  # the consumer left; its Cancel is on the way
+        terminal, cancel = not isinstance(frame, TokenChunk), None
+        if not terminal and send.statistics().current_buffer_used >= REQUEST_BUFFER:
+            # Never wait for one consumer: that would stall every request and the heartbeats.
+            # The slot kept free for this says why the request ends.
+            self._recorder.record("request.fail", "client_too_slow", rid)
+            frame, terminal = _too_slow(rid), True
+            if rid in self.inflight:
+                cancel = rid
+        if terminal:
+            del self._channels[rid]
+        try:
+            send.send_nowait(frame)
+        except (trio.BrokenResourceError, trio.WouldBlock):
+            pass  # its consumer left (a full channel here is impossible: one slot is kept)
+        if terminal:
+            send.close()
+        return Delivery(idle, cancel)
+
+    def end_all(self, why: str) -> None:
+        """The runner is going away (``why``): close every channel at once, so that no consumer
+        waits for a client-side timeout, and forget every request."""
+        for rid in self.inflight:
+            self._recorder.record("request.fail", why, rid)
+        for send in self._channels.values():
+            send.close()
+        self._channels.clear()
+        self.inflight.clear()
+        self.pending_cancels.clear()
+
+    def _record_end(self, frame: Finished | Tokenized | Embedded | RequestFailed) -> None:
+        rid = frame.request_id
+        if isinstance(frame, Finished):
+            if frame.end.finish_reason == "cancelled":
+                self.cancelled += 1
+            detail = f"{frame.end.finish_reason}, {frame.end.usage.completion_tokens} tokens"
+            self._recorder.record("request.finish", detail, rid)
+        elif isinstance(frame, RequestFailed):
+            self._recorder.record("request.fail", f"{frame.reason}: {frame.message}", rid)
+        else:
+            self._recorder.record("request.finish", type(frame).__name__.lower(), rid)
+
+
+def _too_slow(request_id: str) -> RequestFailed:
+    return RequestFailed(
+        request_id,
+        "client_too_slow",
+        f"the client fell {REQUEST_BUFFER} chunks behind the runner; the request was cancelled",
+    )
