@@ -6,11 +6,9 @@ frames arrive: :class:`RunnerWedged` and :class:`CancelTimeout`.
   heartbeat, must arrive within the deadline, else the runner is *wedged*. ``0`` disables it.
 * **Cancel acknowledgement** (``cancel_timeout``): every Cancel must be answered in time.
 
-**The node's own pauses are not the runner's fault.** A watchdog that wakes much later than its
-deadline (:data:`PAUSE_SLACK`), or that finds bytes from the runner still unread in the socket,
-was not running itself: the node was paused (SIGSTOP, a suspended machine) or its event loop
-starved. The deadlines then restart from now instead of firing (recorded as ``paused``), once
-per silence: a runner still silent a full deadline later is wedged however late the node is.
+**The node's own pauses are not the runner's fault** (:data:`PAUSE_SLACK`): a silence the
+watchdog wakes to late, or with the runner's bytes still unread, restarts the deadlines once
+(recorded as ``paused``) instead of failing the runner.
 """
 
 from __future__ import annotations
