@@ -72,6 +72,7 @@ from skulk.bench._distributed_features import measure_features
 from skulk.bench._distributed_measure import measure_all, measure_concurrent
 from skulk.bench._distributed_result import Result
 from skulk.bench._distributed_setup import TINY_SHAPE, Settings
+from skulk.bench._load import never_end
 
 
 def run(settings: Settings) -> Result:
@@ -87,10 +88,12 @@ def run(settings: Settings) -> Result:
         model = write_generated_model(
             root / "model", settings.shape, demo, files=settings.files, seed=settings.seed
         )
+        never_end(model)  # every greedy request runs to max_tokens, whatever its prompt
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         tiny = None
         if settings.shape != TINY_SHAPE:
             tiny = write_generated_model(root / "tiny", TINY_SHAPE, demo, seed=settings.seed)
+            never_end(tiny)
         singles, runs, runtime = trio.run(measure_all, settings, model, tiny)
         concurrent = trio.run(measure_concurrent, settings, model)
         features = trio.run(measure_features, settings, str(model))

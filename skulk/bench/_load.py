@@ -84,23 +84,28 @@ def _models(root: Path, settings: Settings) -> tuple[Path, str]:
     from skulk.models import write_generated_model
 
     large = write_generated_model(demo.parent / "load-large", DEFAULT_SHAPE, demo, seed=1)
-    _never_end(large)
+    never_end(large)
     return demo.parent, str(large)
 
 
-def _never_end(model: Path) -> None:
-    """Zero the output-projection row of the end-of-sequence token: its logit is 0 while the
-    greedy winner's is well above, so greedy decoding always runs to ``max_tokens``."""
+def never_end(model: Path) -> None:
+    """Zero the output-projection row of the end-of-sequence token (in whichever safetensors
+    file holds the head): its logit is 0 while the greedy winner's is well above, so greedy
+    decoding of the generated model always runs to ``max_tokens``."""
     import mlx.core as mx
 
     eos = int(json.loads((model / "config.json").read_text())["eos_token_id"])
-    path = model / "model.safetensors"
-    weights = mx.load(str(path))
-    assert isinstance(weights, dict)
-    head = weights["lm_head.weight"]
-    rows = mx.arange(head.shape[0])[:, None]
-    weights["lm_head.weight"] = mx.where(rows == eos, mx.zeros_like(head), head)
-    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+    for path in sorted(model.glob("*.safetensors")):
+        weights = mx.load(str(path))
+        assert isinstance(weights, dict)
+        if "lm_head.weight" not in weights:
+            continue
+        head = weights["lm_head.weight"]
+        rows = mx.arange(head.shape[0])[:, None]
+        weights["lm_head.weight"] = mx.where(rows == eos, mx.zeros_like(head), head)
+        mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+        return
+    raise ValueError(f"{model} has no lm_head.weight to silence the end-of-sequence token in")
 
 
 def run(settings: Settings) -> dict[str, object]:

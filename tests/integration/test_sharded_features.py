@@ -20,8 +20,8 @@ import trio
 
 from skulk.grammar import schema_text, tool_call_schema
 from skulk.models import ensure_demo_model
-from skulk.models._generated import ModelShape, write_generated_model
-from skulk.runner import Runner, RunnerConfig, loopback_hosts, open_local_group, shard_specs
+from skulk.models._generated import write_generated_model
+from skulk.runner import Runner, loopback_hosts, open_local_group, shard_specs
 from skulk.wire.runner import (
     ChatMessage,
     ChatPrompt,
@@ -37,17 +37,11 @@ from skulk.wire.runner import (
     Tokenized,
     TokenLogprob,
 )
+from tests.integration.test_runner_distributed import CONFIG, LAYERS, LLAMA
+from tests.integration.test_runner_distributed import QWEN2 as QWEN2_TIED
 from tests.unit.test_runner_tool_parse import with_parser
 
-LAYERS = 4
-LLAMA = ModelShape(family="llama", layers=LAYERS, hidden_size=64, heads=4, kv_heads=2)
-QWEN2 = ModelShape(
-    family="qwen2", layers=LAYERS, hidden_size=96, heads=6, kv_heads=6, intermediate_size=192
-)
-CONFIG = RunnerConfig(
-    hello_timeout=60, load_timeout=60, warmup_timeout=60, progress_timeout=30,
-    cancel_timeout=20, shutdown_grace=2, heartbeat_interval=0.1,
-)  # fmt: skip
+QWEN2 = attrs.evolve(QWEN2_TIED, tie_word_embeddings=False)
 
 CHAT = ChatPrompt((ChatMessage("user", "hello there, how are you?"),))
 AGAIN = ChatPrompt((ChatMessage("user", "tell me about the weather today, please"),))
