@@ -50,7 +50,8 @@ the mean of the single runs just before and after it; the medians over rounds ar
   Concurrent requests share each decode step (continuous batching: the one scheduler, see
   :mod:`skulk.engine._scheduler`), so the aggregate should grow with the level.
 * ``features``: ``pipeline-2``'s prefix cache (a second turn's TTFT, cached ÷ cold) and n-gram
-  speculation (a copy prompt, with ÷ without), see :mod:`skulk.bench._distributed_features`.
+  speculation (a copy prompt, with ÷ without, on the demo model and on the benchmark's shape
+  writing the demo's language), see :mod:`skulk.bench._distributed_features`.
 
 Every measured request's prompt is new to the runner that serves it (numbered), so no prefix
 cache shortens a TTFT that is compared with another.
@@ -96,7 +97,10 @@ def run(settings: Settings) -> Result:
             never_end(tiny)
         singles, runs, runtime = trio.run(measure_all, settings, model, tiny)
         concurrent = trio.run(measure_concurrent, settings, model)
-        features = trio.run(measure_features, settings, str(model))
+        speaking = write_generated_model(
+            root / "speaking", settings.shape, demo, seed=settings.seed, language="demo"
+        )
+        features = measure_features(settings, model, demo, speaking)
     transfer = _transfer.run(settings.transfer_mib, settings.transfer_rounds)
     load = (load_before, os.getloadavg()[0])
     result = Result(settings, singles, runs, runtime, transfer, weights, load, concurrent, features)

@@ -186,10 +186,14 @@ class Result:
             lines.append(
                 f"pipeline-2 second-turn TTFT, prefix cache hit ÷ cold: {prefix['ttft_ratio']} "
                 f"({prefix['cached_ttft_ms']} / {prefix['cold_ttft_ms']} ms, "
-                f"{prefix['prompt_tokens']} prompt tokens); speculation on a copy prompt ÷ "
-                f"without: {spec['tokens_per_s_ratio']}x tokens/s "
-                f"(acceptance {spec['acceptance_rate']})"
+                f"{prefix['prompt_tokens']} prompt tokens)"
             )
+            for name, run in spec.items():
+                lines.append(
+                    f"speculation on a copy prompt ({name} model), tokens/s with ÷ without: "
+                    f"pipeline-2 {run['tokens_per_s_ratio']}x, single "
+                    f"{run['single_tokens_per_s_ratio']}x (acceptance {run['acceptance_rate']})"
+                )
         return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Final
 
 import attrs
+from tokenizers import Tokenizer
 
 from skulk.models._corpus import load_corpus
 from skulk.models._tokenizer import (
@@ -25,7 +26,7 @@ from skulk.models._tokenizer import (
     tokenizer_config,
     train_tokenizer,
 )
-from skulk.models._weights import F32, LlamaShape, build_weights, count_bigrams
+from skulk.models._weights import F32, BigramTable, LlamaShape, build_weights, count_bigrams
 
 DEMO_MODEL_ID: Final = "skulk-demo"
 DEFAULT_DEMO_SEED: Final = 20_260_611
@@ -125,14 +126,20 @@ def is_complete(path: Path, seed: int = DEFAULT_DEMO_SEED) -> bool:
     return True
 
 
-def _build(seed: int) -> _Built:
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+@attrs.frozen
+class DemoLanguage:
+    """What the demo model says: its tokenizer (trained on the shipped corpus) and the bigram
+    table its weights are fitted to (which also names its end token and banned tokens)."""
+
+    tokenizer: Tokenizer
+    table: BigramTable
+    corpus_sha256: str
+
+
+def demo_language() -> DemoLanguage:
+    """The demo model's tokenizer and bigram table (deterministic: the shipped corpus)."""
     corpus = load_corpus()
     tokenizer = train_tokenizer(corpus.paragraphs, _VOCAB_SIZE)
-    vocab_size = tokenizer.get_vocab_size()
-    shape = LlamaShape(vocab_size=vocab_size)
-
     # Train the bigram table on the same token stream the chat template produces for an
     # assistant turn, so that after the generation prompt the model starts a reply and ends it
     # with <|end|>.
@@ -146,19 +153,30 @@ def _build(seed: int) -> _Built:
     role_ids = [_token_id(tokenizer.token_to_id(t)) for t in ROLE_TOKENS]
     extra = [(role, newline[0]) for role in role_ids] + [(end_id, newline[0])]
     banned = [*role_ids, _token_id(tokenizer.token_to_id(PAD))]
+    vocab_size = tokenizer.get_vocab_size()
     table = count_bigrams(sequences, vocab_size, end=end_id, extra=extra, banned=banned)
+    return DemoLanguage(tokenizer, table, corpus.sha256)
+
+
+def _build(seed: int) -> _Built:
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    language = demo_language()
+    tokenizer, table = language.tokenizer, language.table
+    shape = LlamaShape(vocab_size=tokenizer.get_vocab_size())
     weights = build_weights(shape, table, seed)
+    pad = table.banned[-1]
 
     files = {
-        "config.json": _json(_model_config(shape, end_id)),
-        "generation_config.json": _json({"eos_token_id": end_id, "pad_token_id": banned[-1]}),
+        "config.json": _json(_model_config(shape, table.end)),
+        "generation_config.json": _json({"eos_token_id": table.end, "pad_token_id": pad}),
         "model.safetensors": _safetensors(weights),
         "special_tokens_map.json": _json(special_tokens_map()),
         "tokenizer.json": (tokenizer.to_str(pretty=True) + "\n").encode("utf-8"),
         "tokenizer_config.json": _json(tokenizer_config(shape.max_position_embeddings)),
     }
     assert tuple(sorted(files)) == _FILE_NAMES
-    return _Built(files=files, corpus_sha256=corpus.sha256)
+    return _Built(files=files, corpus_sha256=language.corpus_sha256)
 
 
 def _model_config(shape: LlamaShape, eos_id: int) -> dict[str, object]:

@@ -4,9 +4,15 @@
 random weights drawn from a seed (the same seed gives the same tensors), ``config.json`` for
 the family, the demo model's byte-level BPE tokenizer, and the weights split over ``files``
 safetensors files with a ``model.safetensors.index.json`` when there is more than one (as
-Hugging Face checkpoints are). No network, nothing downloaded. The weights carry no meaning:
-these models exist to check that a sharded instance computes what one process computes, and
-to be large enough to make a CPU compute-bound in benchmarks.
+Hugging Face checkpoints are). No network, nothing downloaded.
+
+By default the weights carry no meaning: such models exist to check that a sharded instance
+computes what one process computes, and to be large enough to make a CPU compute-bound in
+benchmarks. With ``language="demo"`` (llama only) the weights are the demo model's instead,
+fitted at this shape (:func:`~skulk.models._weights.build_weights` from
+:func:`~skulk.models._demo.demo_language`): a model that costs what its shape costs and
+writes what the demo model writes, so greedy output falls into loops that n-gram speculation
+can draft, as a copying model's does.
 """
 
 from __future__ import annotations
@@ -14,13 +20,18 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
-import mlx.core as mx
-from mlx.utils import tree_flatten
+
+from skulk.models._demo import demo_language
+from skulk.models._weights import LlamaShape, build_weights
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 Family = Literal["llama", "qwen2"]
+Language = Literal["random", "demo"]
 
 #: Tokenizer files copied from the demo model directory.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -60,13 +71,18 @@ class ModelShape:
 
 
 def write_generated_model(
-    out: Path, shape: ModelShape, tokenizer_from: Path, *, files: int = 1, seed: int = 0
+    out: Path,
+    shape: ModelShape,
+    tokenizer_from: Path,
+    *,
+    files: int = 1,
+    seed: int = 0,
+    language: Language = "random",
 ) -> Path:
     """Write a model of ``shape`` into the (new or empty) directory ``out``, its tokenizer
     copied from the model directory ``tokenizer_from`` (the demo model), its weights over
-    ``files`` safetensors files (float32). Returns ``out``."""
-    from mlx_lm.utils import _get_classes  # private, but the one way from a config to a class
-
+    ``files`` safetensors files (float32): random, or with ``language="demo"`` the demo
+    model's (see the module doc). Returns ``out``."""
     if files < 1:
         raise ValueError("files must be at least 1")
     out.mkdir(parents=True, exist_ok=True)
@@ -75,18 +91,50 @@ def write_generated_model(
     tok_config = json.loads((tokenizer_from / "config.json").read_text())
     config = shape.config(int(tok_config["eos_token_id"]))
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    weights = _demo_weights(shape, seed) if language == "demo" else _random_weights(config, seed)
+    _save(out, weights, files)
+    return out
+
+
+def _random_weights(config: dict[str, object], seed: int) -> dict[str, mx.array]:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes  # private, but the one way from a config to a class
+
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
     weights = {k: _init(k, v) for k, v in sorted(weights.items())}
     mx.eval(weights)
-    _save(out, weights, files)
-    return out
+    return weights
+
+
+def _demo_weights(shape: ModelShape, seed: int) -> dict[str, mx.array]:
+    import mlx.core as mx
+
+    table = demo_language().table
+    if shape.family != "llama" or shape.tie_word_embeddings:
+        raise ValueError("the demo language needs an untied llama")
+    if shape.vocab_size != table.counts.shape[0]:
+        raise ValueError(f"the demo language needs vocab_size {table.counts.shape[0]}")
+    llama = LlamaShape(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.layers,
+        intermediate_size=shape.intermediate_size,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=shape.context_length,
+    )
+    built = build_weights(llama, table, seed)
+    return {name: mx.array(built[name]) for name in sorted(built)}
 
 
 def _init(name: str, value: mx.array) -> mx.array:
     """Norm weights 1, everything else small normal values (keeps activations finite)."""
+    import mlx.core as mx
+
     if name.endswith("norm.weight"):
         return mx.ones(value.shape, dtype=mx.float32)
     if name.endswith(".bias"):
@@ -97,6 +145,8 @@ def _init(name: str, value: mx.array) -> mx.array:
 
 
 def _save(out: Path, weights: dict[str, mx.array], files: int) -> None:
+    import mlx.core as mx
+
     names = list(weights)
     if files == 1:
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})

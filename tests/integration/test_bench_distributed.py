@@ -55,8 +55,12 @@ def test_distributed_bench_measures_every_sharding() -> None:
     prefix, speculation = result["features"]["prefix"], result["features"]["speculation"]
     assert positive(prefix["ttft_ratio"]) and positive(prefix["prompt_tokens"])
     assert len(prefix["reused_tokens"]) == 1 and positive(prefix["reused_tokens"][0])
-    assert positive(speculation["tokens_per_s_ratio"])
-    assert 0 <= speculation["acceptance_rate"] <= 1
+    assert set(speculation) == {"demo", "shape"}
+    for run in speculation.values():
+        assert positive(run["tokens_per_s_ratio"]) and positive(run["single_tokens_per_s_ratio"])
+        assert set(run["ms_per_token"]) == {"pipeline-2", "pipeline-2-off", "single", "single-off"}
+        assert all(0 <= rate <= 1 for rate in run["acceptance_rate"].values())
+        assert run["tokens"] and all(n >= 2 for n in run["tokens"])
     transfer = result["transfer"]
     for key in ("fetch_mb_s", "copy_mb_s", "fetch_vs_copy", "fetch_vs_copy_fsync"):
         assert positive(transfer[key]), key

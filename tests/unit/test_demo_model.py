@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from skulk.models import (
     write_demo_model,
 )
 from skulk.models._demo import MANIFEST_NAME, is_complete
+from skulk.models._generated import Language
 from skulk.models._weights import exact_matmul
 from skulk.wire.cluster import DemoSource, PathSource
 
@@ -349,3 +351,35 @@ def test_a_config_that_describes_no_model_is_a_value_error(tmp_path: Path, confi
 def test_the_demo_models_card(demo_dir: Path) -> None:
     card = card_from_directory("skulk-demo", demo_dir, DemoSource(1))
     assert card.architecture.layers >= 1 and card.weight_bytes > 0 and card.context_length > 0
+
+
+@pytest.mark.parametrize("language", ["demo", "random"])
+def test_a_generated_model_can_speak_the_demo_language(
+    demo_dir: Path, tmp_path: Path, language: Language
+) -> None:
+    """``language="demo"`` fits the demo's bigram language at another shape: every bigram of
+    its greedy output is one the demo corpus has (a random model's are not)."""
+    from mlx_lm.generate import generate_step
+
+    from skulk.models import ModelShape, write_generated_model
+    from skulk.models._demo import demo_language
+
+    shape = ModelShape(layers=3, hidden_size=64)
+    out = write_generated_model(tmp_path / "m", shape, demo_dir, language=language, seed=3)
+    model, tokenizer = mlx_lm.load(str(out))[:2]
+    prompt = tokenizer.encode("Once upon a time the mill")
+    steps = zip(generate_step(mx.array(prompt), model, max_tokens=48), range(48), strict=False)
+    tokens = [prompt[-1], *(int(token) for (token, _), _ in steps)]
+    counts = demo_language().table.counts
+    seen = sum(counts[a, b] > 0 for a, b in itertools.pairwise(tokens))
+    assert (seen == 48) if language == "demo" else (seen < 24)
+
+
+def test_the_demo_language_needs_an_untied_llama_of_its_vocabulary(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    from skulk.models import ModelShape, write_generated_model
+
+    for shape in (ModelShape(family="qwen2"), ModelShape(vocab_size=2048)):
+        with pytest.raises(ValueError, match="demo language"):
+            write_generated_model(tmp_path / "m", shape, demo_dir, language="demo")
