@@ -30,8 +30,9 @@ from ._cbor import loads as _strict_loads
 from ._codec import DEFAULT_MAX_DEPTH
 from ._errors import WireError
 
-PROTOCOL_VERSION = 1
-"""The federation protocol version; nodes of different versions never form a cluster."""
+PROTOCOL_VERSION = 2
+"""The federation protocol version; nodes of different versions never form a cluster.
+2: a routed request's end (``RouteEnd``) carries one ``GenerationEnd`` record (issue 20)."""
 
 HANDSHAKE_MAX_FRAME_SIZE = 4096
 """Limit on one handshake frame's CBOR body; a real one is a few hundred bytes."""
