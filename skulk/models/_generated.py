@@ -85,13 +85,14 @@ def write_generated_model(
     model's (see the module doc). Returns ``out``."""
     if files < 1:
         raise ValueError("files must be at least 1")
+    tok_config = json.loads((tokenizer_from / "config.json").read_text())
+    config = shape.config(int(tok_config["eos_token_id"]))
+    # the weights first: a shape the language cannot take leaves no half-written directory
+    weights = _demo_weights(shape, seed) if language == "demo" else _random_weights(config, seed)
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_from / name, out / name)
-    tok_config = json.loads((tokenizer_from / "config.json").read_text())
-    config = shape.config(int(tok_config["eos_token_id"]))
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    weights = _demo_weights(shape, seed) if language == "demo" else _random_weights(config, seed)
     _save(out, weights, files)
     return out
 

@@ -383,3 +383,4 @@ def test_the_demo_language_needs_an_untied_llama_of_its_vocabulary(
     for shape in (ModelShape(family="qwen2"), ModelShape(vocab_size=2048)):
         with pytest.raises(ValueError, match="demo language"):
             write_generated_model(tmp_path / "m", shape, demo_dir, language="demo")
+    assert not (tmp_path / "m").exists()  # refused before anything was written
