@@ -8,13 +8,30 @@ shows ``bytes_done`` / ``bytes_total`` for a runner in phase ``fetching``::
     board.set(instance, rank, done, total)   # as bytes arrive (cheap: no I/O, never blocks)
     board.clear(instance, rank)              # fetched, failed or stopped
     board.snapshot()                         # what the next telemetry sample publishes
+
+It also keeps the recent failed fetches for node health (``fetch_failed``)::
+
+    board.failed(instance, rank, model, reason, message, at=time.time())
+    board.fetched(model)                     # a fetch of model succeeded: its failures clear
+    board.failures(now=time.time())          # the newest MAX_FETCH_FAILURES, none too old
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import attrs
 
-from skulk.wire.telemetry import MAX_FETCHES, FetchProgress
+from skulk.wire.telemetry import (
+    MAX_FAILURE_MESSAGE,
+    MAX_FETCH_FAILURES,
+    MAX_FETCHES,
+    FetchFailure,
+    FetchProgress,
+)
+
+#: How long a failed fetch is published (seconds): a one-off failure stops warning by itself.
+FETCH_FAILURE_KEPT = 600.0
 
 
 @attrs.frozen
@@ -33,6 +50,7 @@ class FetchBoard:
     def __init__(self) -> None:
         self._fetches: dict[tuple[str, int], FetchProgress] = {}
         self._refused = 0
+        self._failures: deque[FetchFailure] = deque(maxlen=MAX_FETCH_FAILURES)
 
     def set(self, instance: str, rank: int, done: int, total: int) -> None:
         """Rank ``rank`` of ``instance`` has ``done`` of ``total`` bytes here (clamped to
@@ -51,6 +69,26 @@ class FetchBoard:
     def snapshot(self) -> tuple[FetchProgress, ...]:
         """Every fetch listed now, ordered by (instance, rank)."""
         return tuple(self._fetches[k] for k in sorted(self._fetches))
+
+    def failed(
+        self, instance: str, rank: int, model: str, reason: str, message: str, *, at: float
+    ) -> None:
+        """The fetch of rank ``rank`` of ``instance`` (of ``model``) failed at wall-clock time
+        ``at`` for ``reason`` (the oldest failure is dropped beyond :data:`MAX_FETCH_FAILURES`)."""
+        self._failures.append(
+            FetchFailure(instance, rank, model, reason, message[:MAX_FAILURE_MESSAGE], at)
+        )
+
+    def fetched(self, model: str) -> None:
+        """A fetch of ``model`` succeeded: its earlier failures no longer say anything."""
+        kept = [f for f in self._failures if f.model != model]
+        self._failures.clear()
+        self._failures.extend(kept)
+
+    def failures(self, *, now: float) -> tuple[FetchFailure, ...]:
+        """The failures of the last :data:`FETCH_FAILURE_KEPT` seconds before wall-clock
+        ``now``, oldest first."""
+        return tuple(f for f in self._failures if now - f.at <= FETCH_FAILURE_KEPT)
 
     def statistics(self) -> FetchBoardStatistics:
         return FetchBoardStatistics(len(self._fetches), self._refused)
