@@ -14,10 +14,13 @@ from skulk.wire.telemetry import RunnerReading, TelemetryEntry
 
 def add_health(
     rows: list[dict[str, object]], view: Mapping[str, TelemetryEntry], state: State
-) -> None:
-    """Give every row (``node_id``, ``age_s``: seconds since its telemetry was last refreshed,
-    ``None`` when unknown) its ``health`` and ``serving``. A down node serves nothing: its
-    gossiped runners, stale, are not shown."""
+) -> list[dict[str, object]]:
+    """``rows`` (``node_id``, ``age_s``: seconds since its telemetry was last refreshed,
+    ``None`` when unknown), each with its ``health`` and ``serving``. A down node serves
+    nothing: its gossiped runners, stale, are not shown. A node that is down and no member of
+    the cluster (removed, its telemetry not expired yet) is left out."""
+    members = {n.id for n in state.nodes}
+    kept = []
     for row in rows:
         node_id = str(row["node_id"])
         entry = view.get(node_id)
@@ -25,9 +28,13 @@ def add_health(
         age = row.get("age_s")
         known = float(age) if isinstance(age, (int, float)) else None
         health = node_health(node_id, readings, known, state)
+        if health.down and members and node_id not in members:
+            continue
         row["health"] = health.to_json()
         serving = readings.serving if readings is not None and not health.down else ()
         row["serving"] = [serving_json(r) for r in serving]
+        kept.append(row)
+    return kept
 
 
 def serving_json(r: RunnerReading) -> dict[str, object]:

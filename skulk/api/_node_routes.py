@@ -131,8 +131,8 @@ def install_mesh_routes(
             if node.id not in seen:  # in the State, no readings (down for a while)
                 age = gossip.last_seen_age(node.id) if gossip is not None else None
                 rows.append({"node_id": node.id, "status": node.status, "age_s": age})
-        add_health(rows, gossip.store.view if gossip is not None else {}, state or State())
-        return json_response({"nodes": rows}, 200)
+        view = gossip.store.view if gossip is not None else {}
+        return json_response({"nodes": add_health(rows, view, state or State())}, 200)
 
 
 def _service_health(s: ModelStatus) -> dict[str, object]:

@@ -426,8 +426,18 @@ async def test_the_nodes_route_gives_every_member_health_and_serving() -> None:
     json.dumps(rows)
 
 
-def test_add_health_takes_rows_without_an_age() -> None:
-    rows: list[dict[str, object]] = [{"node_id": "a", "age_s": None}, {"node_id": "z", "age_s": 0}]
-    add_health(rows, {"a": SimpleNamespace(readings=node())}, cluster(LLAMA))  # type: ignore[dict-item]
-    assert rows[0]["health"] == {"level": "ok", "reasons": []}
-    assert rows[1]["health"]["level"] == "error"  # type: ignore[index]  # no readings at all
+def test_add_health_takes_rows_without_an_age_and_drops_removed_dead_nodes() -> None:
+    rows: list[dict[str, object]] = [
+        {"node_id": "a", "age_s": None},
+        {"node_id": "b", "age_s": 0},
+        {"node_id": "gone", "age_s": 20.0},  # removed from the cluster, not expired yet
+        {"node_id": "new", "age_s": 0.5},  # gossiping, not in the State yet
+    ]
+    view: Any = {n: SimpleNamespace(readings=node("a", node_id=n)) for n in ("a", "gone", "new")}
+    kept = add_health(rows, view, cluster(LLAMA))
+    assert [r["node_id"] for r in kept] == ["a", "b", "new"]
+    assert kept[0]["health"] == {"level": "ok", "reasons": []}
+    assert kept[1]["health"]["level"] == "error"  # type: ignore[index]  # no readings at all
+    assert kept[2]["health"]["level"] == "ok"  # type: ignore[index]
+    # Before any State (no members known) nothing is dropped.
+    assert len(add_health([{"node_id": "gone", "age_s": 20.0}], view, State())) == 1
