@@ -189,20 +189,14 @@ async def serve(
         async def resolve() -> Path:
             """The weights this rank needs, here (fetched from a holder if need be)."""
 
-            def progress(done: int, total: int) -> None:
-                fetches.set(a.instance, a.rank, done, total)
-
-            try:
-                path = await fetch_model(weights_client, card, part, config.home, progress=progress)
-            except Exception as exc:  # shown in node health (fetch_failed), then the service's
-                reason = getattr(exc, "reason", None)
-                why = reason if isinstance(reason, str) else "fetch_failed"
-                fetches.failed(a.instance, a.rank, card.id, why, str(exc), at=time.time())
-                raise
-            finally:
-                fetches.clear(a.instance, a.rank)
-            fetches.fetched(card.id)
-            return path
+            return await fetches.follow(  # progress, and failures for node health
+                a.instance,
+                a.rank,
+                card.id,
+                lambda progress: fetch_model(
+                    weights_client, card, part, config.home, progress=progress
+                ),
+            )
 
         spec: ShardSpec | None = None
         if a.sharding != "single":

@@ -14,11 +14,16 @@ It also keeps the recent failed fetches for node health (``fetch_failed``)::
     board.failed(instance, rank, model, reason, message, at=time.time())
     board.fetched(model)                     # a fetch of model succeeded: its failures clear
     board.failures(now=time.time())          # the newest MAX_FETCH_FAILURES, none too old
+
+:meth:`FetchBoard.follow` does all of it around one fetch.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import attrs
 
@@ -29,6 +34,8 @@ from skulk.wire.telemetry import (
     FetchFailure,
     FetchProgress,
 )
+
+T = TypeVar("T")
 
 #: How long a failed fetch is published (seconds): a one-off failure stops warning by itself.
 FETCH_FAILURE_KEPT = 600.0
@@ -69,6 +76,33 @@ class FetchBoard:
     def snapshot(self) -> tuple[FetchProgress, ...]:
         """Every fetch listed now, ordered by (instance, rank)."""
         return tuple(self._fetches[k] for k in sorted(self._fetches))
+
+    async def follow(
+        self,
+        instance: str,
+        rank: int,
+        model: str,
+        fetch: Callable[[Callable[[int, int], None]], Awaitable[T]],
+    ) -> T:
+        """Run ``fetch(progress)`` for rank ``rank`` of ``instance``: its progress is listed
+        while it runs; if it raises, the failure is kept (its ``reason`` attribute, else
+        ``fetch_failed``) and the exception goes on; if it succeeds, ``model``'s failures
+        clear. A cancelled fetch is not a failure."""
+
+        def progress(done: int, total: int) -> None:
+            self.set(instance, rank, done, total)
+
+        try:
+            result = await fetch(progress)
+        except Exception as exc:
+            reason = getattr(exc, "reason", None)
+            why = reason if isinstance(reason, str) and reason else "fetch_failed"
+            self.failed(instance, rank, model, why, str(exc), at=time.time())
+            raise
+        finally:
+            self.clear(instance, rank)
+        self.fetched(model)
+        return result
 
     def failed(
         self, instance: str, rank: int, model: str, reason: str, message: str, *, at: float

@@ -6,6 +6,7 @@ that fills them (fetch failures, tokens/s, times to first token) and the rows of
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -441,3 +442,37 @@ def test_add_health_takes_rows_without_an_age_and_drops_removed_dead_nodes() -> 
     assert kept[2]["health"]["level"] == "ok"  # type: ignore[index]
     # Before any State (no members known) nothing is dropped.
     assert len(add_health([{"node_id": "gone", "age_s": 20.0}], view, State())) == 1
+
+
+def test_following_a_fetch_lists_its_progress_keeps_its_failure_and_clears_on_success() -> None:
+    class NoHolder(Exception):
+        reason = "no_holder_reachable"
+
+    board = FetchBoard()
+
+    async def main() -> None:
+        async def works(progress: Any) -> str:
+            progress(5, 10)
+            assert [(f.instance, f.bytes_done) for f in board.snapshot()] == [("i1", 5)]
+            return "/models/m"
+
+        async def fails(progress: Any) -> str:
+            raise NoHolder("nobody has m")
+
+        async def breaks(progress: Any) -> str:
+            raise OSError("EIO")
+
+        with pytest.raises(NoHolder):
+            await board.follow("i1", 0, "m", fails)
+        with pytest.raises(OSError, match="EIO"):
+            await board.follow("i2", 1, "m", breaks)
+        listed = board.failures(now=time.time())
+        assert [(f.instance, f.reason, f.message) for f in listed] == [
+            ("i1", "no_holder_reachable", "nobody has m"),
+            ("i2", "fetch_failed", "EIO"),
+        ]
+        assert board.snapshot() == ()  # a failed fetch is not listed as in progress
+        assert await board.follow("i1", 0, "m", works) == "/models/m"
+        assert board.snapshot() == () and board.failures(now=time.time()) == ()
+
+    trio.run(main)
