@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -69,7 +70,7 @@ from skulk.transfer import (
 from skulk.wire.diagnostics import TimelineEvent
 from skulk.wire.runner import ShardSpec
 from skulk.wire.telemetry import ComputePorts, NodeReadings
-from skulk.worker import Assignment, ModelService, Reconciler
+from skulk.worker import Assignment, ModelService, Reconciler, ServingSampler
 
 log = logging.getLogger("skulk")
 
@@ -138,7 +139,8 @@ async def serve(
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
     compute: list[ComputePorts] = []  # likewise: this node's compute host and port range
-    fetches = FetchBoard()  # weight fetches in progress, published in the readings
+    fetches = FetchBoard()  # weight fetches in progress (and failed), published in the readings
+    serving = ServingSampler()  # the runners this node hosts, published in the readings
 
     def runner_bytes() -> int:
         """Memory this node's live runners use (their last heartbeat's RSS)."""
@@ -159,6 +161,11 @@ async def serve(
             runner_bytes=runner_bytes() if config.memory_limit is not None else 0,
             compute=compute[0] if compute else None,
             fetches=fetches.snapshot(),
+            serving=serving.sample(
+                reconciler.assignments(), reconciler.services, trio.current_time()
+            ),
+            models_dir=config.home / "models",
+            fetch_failures=fetches.failures(now=time.time()),
         )
 
     gossip = TelemetryGossip(mesh, TelemetryStore(node_id, next_epoch(config.home)), sample)
@@ -182,13 +189,14 @@ async def serve(
         async def resolve() -> Path:
             """The weights this rank needs, here (fetched from a holder if need be)."""
 
-            def progress(done: int, total: int) -> None:
-                fetches.set(a.instance, a.rank, done, total)
-
-            try:
-                return await fetch_model(weights_client, card, part, config.home, progress=progress)
-            finally:
-                fetches.clear(a.instance, a.rank)
+            return await fetches.follow(  # progress, and failures for node health
+                a.instance,
+                a.rank,
+                card.id,
+                lambda progress: fetch_model(
+                    weights_client, card, part, config.home, progress=progress
+                ),
+            )
 
         spec: ShardSpec | None = None
         if a.sharding != "single":

@@ -318,7 +318,7 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
         "/v1/diagnostics/node": "This node's model services and runners.",
         "/v1/cluster/links": "This node's federation links.",
         "/v1/cluster/raft": "This node's consensus view.",
-        "/v1/cluster/nodes": "Every node's gossiped readings and status.",
+        "/v1/cluster/nodes": "Every node's gossiped readings, status, health and runners.",
     }
     for path, summary in node.items():
         errors = (503,) if path == "/v1/cluster/raft" else ()

@@ -14,6 +14,8 @@ waits: a consumer that falls :data:`REQUEST_BUFFER` chunks behind is ended with
 
 from __future__ import annotations
 
+from collections import deque
+
 import attrs
 import trio
 
@@ -24,6 +26,8 @@ RequestEvent = TokenChunk | Finished | Tokenized | Embedded | RequestFailed
 #: Chunks buffered per request; a consumer that falls this far behind is failed with
 #: ``client_too_slow`` (the runner's reader never waits for one consumer).
 REQUEST_BUFFER = 1024
+#: Times to first token kept (the most recent requests'), for the node's health readings.
+RECENT_TTFTS = 64
 
 
 @attrs.frozen
@@ -48,6 +52,9 @@ class RequestTable:
         self.pending_cancels: dict[str, float] = {}
         self.tokens_out = 0
         self.cancelled = 0
+        #: Seconds from send to first token of the last :data:`RECENT_TTFTS` requests.
+        self.ttfts: deque[float] = deque(maxlen=RECENT_TTFTS)
+        self._sent_at: dict[str, float] = {}  # request id → when it went to the runner
 
     def in_use(self, request_id: str) -> bool:
         """Whether ``request_id`` may not be used for a new request yet."""
@@ -67,6 +74,7 @@ class RequestTable:
     def start(self, request_id: str) -> None:
         """``request_id`` is on its way to the runner: in flight."""
         self.inflight[request_id] = False
+        self._sent_at[request_id] = trio.current_time()
         self._recorder.record("request.start", request_id=request_id)
 
     def close(self, request_id: str) -> bool:
@@ -80,6 +88,7 @@ class RequestTable:
 
     def forget(self, request_id: str) -> bool:
         """Drop a request the runner never received; True when it was in flight."""
+        self._sent_at.pop(request_id, None)
         if self.inflight.pop(request_id, None) is None:
             return False
         self._recorder.record("request.fail", "never sent", request_id)
@@ -110,9 +119,12 @@ class RequestTable:
             self.tokens_out += len(frame.token_ids)
             if not self.inflight[rid]:
                 self.inflight[rid] = True
+                if (sent := self._sent_at.pop(rid, None)) is not None:
+                    self.ttfts.append(trio.current_time() - sent)
                 self._recorder.record("request.first_token", request_id=rid)
         else:
             del self.inflight[rid]
+            self._sent_at.pop(rid, None)
             self._record_end(frame)
             idle = not self.inflight
         send = self._channels.get(rid)
@@ -145,6 +157,7 @@ class RequestTable:
             send.close()
         self._channels.clear()
         self.inflight.clear()
+        self._sent_at.clear()
         self.pending_cancels.clear()
 
     def _record_end(self, frame: Finished | Tokenized | Embedded | RequestFailed) -> None:

@@ -11,6 +11,7 @@ from skulk.worker._model_service import (
 )
 from skulk.worker._reconciler import Assignment, Reconciler, phase_of
 from skulk.worker._scored import ScoredText, join_scored, logprobs_of
+from skulk.worker._serving import ServingSampler
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
@@ -23,6 +24,7 @@ __all__ = [
     "Reconciler",
     "RequestFailure",
     "ScoredText",
+    "ServingSampler",
     "join_scored",
     "logprobs_of",
     "phase_of",

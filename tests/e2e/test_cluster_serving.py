@@ -1,6 +1,8 @@
 """Three real nodes on loopback serving as one: a model placed on one node is served through
 every node's API (the official ``openai`` client), a leader kill is invisible, a serving node's
 death ends its streams with a typed error and the instance moves, and a stopped node is removed.
+Every node shows every node's health and the runners it serves (``GET /v1/cluster/nodes``); a
+killed node's row says ``down`` until it is removed.
 
 The tests share one cluster and run in order (each leaves it as the next expects): A founds the
 cluster with no model (``--model none``), B and C join; the demo model is placed on B.
@@ -166,6 +168,49 @@ def test_a_model_placed_on_b_is_served_through_every_node(cluster: Cluster) -> N
     assert shown[0]["id"] in table and b.node_id in table
 
 
+def nodes_view(node: NodeProcess) -> dict[str, dict[str, Any]]:
+    """``GET /v1/cluster/nodes`` through ``node``, by node id."""
+    return {r["node_id"]: r for r in node.get("/v1/cluster/nodes").json()["nodes"]}
+
+
+def test_every_node_shows_each_nodes_health_and_what_it_serves(cluster: Cluster) -> None:
+    a, b, c = (cluster.nodes[n] for n in "abc")
+    instance = instances(a)[0]["id"]
+    asked = [0.0]
+
+    def busy_b_seen_from_c() -> bool:
+        """B's runner, as C learns it by gossip, generating and with a first-token time."""
+        if time.monotonic() - asked[0] > 1.0:  # keep tokens flowing through A, a request a second
+            ask(a, "Count with me", max_tokens=16)
+            asked[0] = time.monotonic()
+        runners = nodes_view(c)[b.node_id]["serving"]
+        return any(r["tokens_per_s"] > 0 and r["ttft_p50_s"] is not None for r in runners)
+
+    c.wait_for(busy_b_seen_from_c, 60, "B's tokens/s and TTFT shown through C")
+
+    def all_ok_everywhere() -> bool:
+        for x in cluster.live():
+            rows = nodes_view(x)
+            if set(rows) != {a.node_id, b.node_id, c.node_id}:
+                return False
+            if any(r["health"] != {"level": "ok", "reasons": []} for r in rows.values()):
+                return False
+            if rows[a.node_id]["serving"] or rows[c.node_id]["serving"]:
+                return False
+            served = rows[b.node_id]["serving"]
+            if [(s["instance_id"], s["model"], s["rank"], s["phase"]) for s in served] != [
+                (instance, MODEL, 0, "ready")
+            ]:
+                return False
+            s = served[0]  # its KV budget comes with the runner's first heartbeat once ready
+            if not 0 <= s["kv_used_bytes"] <= s["kv_capacity_bytes"] or not s["kv_capacity_bytes"]:
+                return False
+            assert s["running"] >= 0 and s["waiting"] >= 0
+        return True
+
+    a.wait_for(all_ok_everywhere, 60, "every node ok, B serving the instance, in every view")
+
+
 def runner_pid(node: NodeProcess) -> int:
     pid: int = node.runner()["pid"]
     return pid
@@ -221,6 +266,21 @@ def test_killing_the_serving_node_fails_its_streams_fast_and_the_instance_moves(
     assert {n["id"]: n["status"] for n in state["nodes"]}[b.node_id] == "down"
 
 
+def test_a_killed_member_keeps_an_error_row_until_it_is_removed(cluster: Cluster) -> None:
+    b = cluster.nodes["b"]  # SIGKILLed by the test before, still a member (committed down)
+    for node in cluster.live():
+
+        def down_row(node: NodeProcess = node) -> bool:
+            row = nodes_view(node).get(b.node_id)
+            if row is None or row["health"]["level"] != "error":
+                return False
+            reasons = row["health"]["reasons"]
+            assert [r["code"] for r in reasons] == ["down"] and reasons[0]["remedy"]
+            return row["serving"] == [] and row["status"] == "down"
+
+        node.wait_for(down_row, 30, "the killed node's row error/down")
+
+
 def test_a_stopped_node_is_removed_from_state_and_membership(cluster: Cluster) -> None:
     b, c = cluster.nodes["b"], cluster.nodes["c"]
     r = c.delete(f"/v1/cluster/nodes/{b.node_id}")
@@ -231,6 +291,7 @@ def test_a_stopped_node_is_removed_from_state_and_membership(cluster: Cluster) -
     assert b.node_id not in raft["voters"] + raft["learners"]
     again = c.delete(f"/v1/cluster/nodes/{b.node_id}")
     assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_node"
+    c.wait_for(lambda: b.node_id not in nodes_view(c), 30, "the removed node's row gone")
     # Started again (its old data and all), it links up and is added back like a new node.
     name = next(k for k, v in cluster.nodes.items() if v is b)
     back = cluster.start(name, "--join", c.ws_url, "--model", "none")
