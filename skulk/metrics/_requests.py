@@ -5,7 +5,8 @@ serving path calls :meth:`RequestObserver.item` with each item it passes on (a t
 the :class:`~skulk.wire.runner.GenerationEnd`) and :meth:`RequestObserver.failed` when the
 generation raises. The per-delta cost is one ``None`` check (the first delta takes the time of
 the first token); everything else happens once, at the end. Token counts come from the
-runner's :class:`~skulk.wire.runner.Usage`.
+runner's :class:`~skulk.wire.runner.Usage`, the queue time from its
+:class:`~skulk.wire.runner.GenerationEnd`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class RequestMetrics:
             per_instance,
             registry=registry,
             buckets=E2E_BUCKETS,
+        )
+        self.queue = Histogram(
+            "skulk:request_queue_time_seconds",
+            "Seconds a request waited, tokenized, for room in its runner's KV budget.",
+            per_instance,
+            registry=registry,
+            buckets=TTFT_BUCKETS,
         )
         self.itl = WeightedHistogram(
             "skulk:inter_token_latency_seconds",
@@ -139,6 +147,7 @@ class RequestObserver:
         first = self._first if self._first is not None else now
         m.ttft.labels(*labels).observe(first - self._start)
         m.e2e.labels(*labels).observe(now - self._start)
+        m.queue.labels(*labels).observe(end.queue_seconds)
         generated = end.usage.completion_tokens
         if generated > 1:
             m.itl.observe(labels, (now - first) / (generated - 1), generated - 1)

@@ -97,7 +97,9 @@ MI = {"model": "m", "instance": "i1"}
 def test_a_finished_request_counts_its_tokens_latencies_and_finish_reason() -> None:
     metrics = NodeMetrics()
     observed = metrics.requests.start("m", "i1", "local")
-    end = GenerationEnd("length", Usage(prompt_tokens=5, completion_tokens=4, cached_tokens=2))
+    end = GenerationEnd(
+        "length", Usage(prompt_tokens=5, completion_tokens=4, cached_tokens=2), queue_seconds=0.2
+    )
     for item in ("a", "b", end):
         observed.item(item)
     observed.failed("abandoned")  # the consumer closing after the end counts nothing more
@@ -110,6 +112,9 @@ def test_a_finished_request_counts_its_tokens_latencies_and_finish_reason() -> N
     assert value(metrics, "skulk:time_to_first_token_seconds_count", **MI) == 1
     assert value(metrics, "skulk:e2e_request_latency_seconds_count", **MI) == 1
     assert value(metrics, "skulk:inter_token_latency_seconds_count", **MI) == 3  # 4 tokens
+    assert value(metrics, "skulk:request_queue_time_seconds_sum", **MI) == 0.2
+    assert value(metrics, "skulk:request_queue_time_seconds_bucket", **MI, le="0.1") == 0
+    assert value(metrics, "skulk:request_queue_time_seconds_bucket", **MI, le="0.25") == 1
 
 
 def test_a_failed_request_counts_one_error_by_reason_and_no_tokens() -> None:
