@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from skulk.api._node_routes import LocalServices
 from skulk.cluster import State
 from skulk.consensus import Role
+from skulk.control import ClusterControl
 from skulk.federation import LinkView, PeerState
 from skulk.routing import Admission, RemoteRouting
 from skulk.telemetry import TelemetryGossip
@@ -254,6 +255,18 @@ def state_families(state: State) -> Iterator[Metric]:
         "Runners (ranks) by node and phase.",
         ("node", "phase"),
         sorted(runners.items()),
+    )
+
+
+def control_families(control: ClusterControl) -> Iterator[Metric]:
+    """The State's families, and the placements this node committed by kind and reason."""
+    yield from state_families(control.state)
+    yield counter(
+        "skulk:placements",
+        "Instances this node placed while it led: kind placement (reason new) or replacement "
+        "(reason node_down, the failed runner's reason, or other).",
+        ("kind", "reason"),
+        [(key, float(n)) for key, n in sorted(control.placements.items())],
     )
 
 

@@ -18,10 +18,10 @@ from quart_trio import QuartTrio
 
 from skulk.api._metric_sources import (
     consensus_families,
+    control_families,
     gossip_families,
     link_families,
     service_families,
-    state_families,
 )
 from skulk.api._node_routes import LocalServices
 from skulk.cluster import State
@@ -52,7 +52,7 @@ def install_metrics_route(
     if gossip is not None:
         metrics.set_source("gossip", partial(gossip_families, gossip))
     if control is not None:
-        metrics.set_source("state", lambda: state_families(control.state))
+        metrics.set_source("state", partial(control_families, control))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -16,8 +16,11 @@ from skulk.api._metric_sources import (
     service_families,
     state_families,
 )
+from skulk.cluster import apply
+from skulk.control._control import placement_cause
 from skulk.federation import LinkView, PeerState
 from skulk.routing import Admission
+from skulk.wire.cluster import NodeStatusChanged, PlaceInstance, ReportRunner, Shard
 from skulk.wire.runner import EngineStats, GenerationEnd, Usage
 from skulk.worker import RequestFailure, ServiceStatistics
 from tests.unit.test_api_edge import MODEL, USER, FakeNode, FakeService, app_for, call
@@ -141,9 +144,7 @@ class ServingFake(FakeService):
 
 
 def family_samples(families: Any) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples
-    }
+    return {(s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples}
 
 
 def test_service_families_read_engine_stats_and_service_counters() -> None:
@@ -220,3 +221,15 @@ def test_state_families_count_nodes_instances_and_runners() -> None:
     assert at(got, "skulk:cluster_nodes", status="up") == 1
     assert at(got, "skulk:cluster_instances", model=MODEL, sharding="single",
               status=state.instances[0].status) == 1  # fmt: skip
+
+
+def test_placement_cause_names_why_an_instance_was_placed() -> None:
+    state = FakeNode(FakeService()).state
+    move = PlaceInstance("i2", MODEL, "single", (Shard(0, "n1", 0, 2),), 1, replaces="i1")
+    assert placement_cause(state, attrs.evolve(move, replaces=None)) == ("placement", "new")
+    assert placement_cause(state, move) == ("replacement", "other")
+    assert placement_cause(state, attrs.evolve(move, replaces="gone")) == ("replacement", "other")
+    failed, _ = apply(state, ReportRunner("i1", 0, "n1", "failed", "runner_crashed", 2))
+    assert placement_cause(failed, move) == ("replacement", "runner_crashed")
+    down, _ = apply(failed, NodeStatusChanged("n1", "down", 3))
+    assert placement_cause(down, move) == ("replacement", "node_down")
