@@ -245,8 +245,10 @@ class Router:
 
 def failure_reason(exc: BaseException) -> str:
     """The typed reason a generation ended without its end, as the metrics count it:
-    the runner's own reason, ``overloaded`` (429), ``not_ready``, ``abandoned`` (the client
-    went away), ``cancelled`` or ``internal``."""
+    the runner's own reason, ``overloaded`` (429), ``not_ready``, ``abandoned`` (the
+    consumer closed the generation before its end: a client that left a stream),
+    ``cancelled`` (its task was cancelled: a client that left a whole response, the node
+    stopping) or ``internal``."""
     if isinstance(exc, RequestFailure):
         return exc.reason
     if isinstance(exc, Overloaded):

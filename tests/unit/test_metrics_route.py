@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from skulk.api._metric_sources import (
@@ -19,10 +20,11 @@ from skulk.api._metric_sources import (
 from skulk.cluster import apply
 from skulk.control._control import placement_cause
 from skulk.federation import LinkView, PeerState
-from skulk.routing import Admission
+from skulk.routing import Admission, NodeUnreachable, Overloaded, RemoteUnavailable
+from skulk.routing._router import failure_reason
 from skulk.wire.cluster import NodeStatusChanged, PlaceInstance, ReportRunner, Shard
 from skulk.wire.runner import EngineStats, GenerationEnd, Usage
-from skulk.worker import RequestFailure, ServiceStatistics
+from skulk.worker import ModelStatus, ModelUnavailable, RequestFailure, ServiceStatistics
 from tests.unit.test_api_edge import MODEL, USER, FakeNode, FakeService, app_for, call
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -233,3 +235,20 @@ def test_placement_cause_names_why_an_instance_was_placed() -> None:
     assert placement_cause(failed, move) == ("replacement", "runner_crashed")
     down, _ = apply(failed, NodeStatusChanged("n1", "down", 3))
     assert placement_cause(down, move) == ("replacement", "node_down")
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (RequestFailure("runner_crashed", "x"), "runner_crashed"),
+        (NodeUnreachable("n2", "lost"), "node_unreachable"),
+        (Overloaded("i1"), "overloaded"),
+        (RemoteUnavailable("n2", "i1", "loading"), "not_ready"),
+        (ModelUnavailable(ModelStatus(MODEL, "loading")), "not_ready"),
+        (GeneratorExit(), "abandoned"),
+        (KeyboardInterrupt(), "cancelled"),
+        (ValueError("a bug"), "internal"),
+    ],
+)
+def test_failure_reasons_are_typed(exc: BaseException, reason: str) -> None:
+    assert failure_reason(exc) == reason
