@@ -10,7 +10,8 @@ import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from skulk.metrics import NodeMetrics, WeightedHistogram
+from skulk.metrics import NodeMetrics
+from skulk.metrics._histogram import WeightedHistogram
 from skulk.wire.runner import GenerationEnd, Usage
 
 
