@@ -32,7 +32,13 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from skulk.api import create_app, envelope_hypercorn_errors, exposure_warning
+from skulk.api import (
+    create_app,
+    envelope_hypercorn_errors,
+    exposure_warning,
+    routing_families,
+    transfer_families,
+)
 from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
@@ -51,6 +57,7 @@ from skulk.federation import (
     tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
+from skulk.metrics import NodeMetrics
 from skulk.models import ShardSlice, model_card
 from skulk.routing import ASK_METHOD, ROUTE_METHOD, Admission, RemoteRouting, Router
 from skulk.telemetry import (
@@ -217,6 +224,9 @@ async def serve(
     reconciler = Reconciler(node_id, control, control.submit, make_service, now_ms)
     admission = Admission(config.max_queue)
     remote = RemoteRouting(mesh, reconciler.service, admission, timeouts=config.route_timeouts())
+    metrics = NodeMetrics()  # GET /metrics; the app adds the sources it holds
+    metrics.set_source("routing", partial(routing_families, remote, admission))
+    metrics.set_source("transfer", partial(transfer_families, weights_client, weights_server))
     router = Router(
         node_id,
         lambda: control.state,
@@ -225,6 +235,7 @@ async def serve(
         remote,
         admission,
         load=lambda node: e.readings.load_1m if (e := gossip.store.view.get(node)) else 0.0,
+        metrics=metrics,
     )
 
     def local_timeline() -> list[TimelineEvent]:

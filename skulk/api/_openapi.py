@@ -237,6 +237,13 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
             )
         },
         "/openapi.json": {"get": _operation("/openapi.json", "This document.", {200: any_json})},
+        "/metrics": {
+            "get": _operation(
+                "/metrics",
+                "This node's Prometheus metrics (text format 0.0.4).",
+                {200: {"text/plain": {"schema": STR}}},
+            )
+        },
         "/v1/models": {
             "get": _operation("/v1/models", "The cluster's models.", {200: _json(ref("ModelList"))})
         },

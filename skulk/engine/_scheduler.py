@@ -146,6 +146,7 @@ class Scheduler:
             self._fail(req.request_id, exc.reason, exc.message)
             return
         row.tool_text = ToolText.open(self._engine.tokenizer, req.prompt)
+        row.queued_at = time.monotonic()
         refusal = self.budget.refusal(len(prepared.tokens), req.params.max_tokens)
         if refusal is not None:
             self._fail(req.request_id, *refusal)
@@ -169,6 +170,8 @@ class Scheduler:
     def _admit(self, row: Row, need: int) -> None:
         self.budget.take(need)
         row.reserved = need
+        if row.queued_at:
+            row.queue_seconds = max(0.0, time.monotonic() - row.queued_at)
         hit = self.prefix.fetch(row.tokens)
         if hit is None:
             self.prefills.append(Prefill(self._engine, row, self._engine.new_cache()))
@@ -345,6 +348,8 @@ class Scheduler:
 def finished(row: Row, reason: FinishReason) -> Finished:
     """The ``Finished`` that ends ``row``, with the tool calls its model's parser read from
     its text when it offered tools (:mod:`skulk.engine._tool_parse`)."""
-    end = GenerationEnd(reason, row.usage(), row.out.stop_sequence)
+    end = GenerationEnd(
+        reason, row.usage(), row.out.stop_sequence, queue_seconds=row.queue_seconds
+    )
     return Finished(row.request_id, end if row.tool_text is None else row.tool_text.finish(end))
 

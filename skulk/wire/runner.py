@@ -299,13 +299,16 @@ class GenerationEnd:
     ``stop``). ``tool_calls``: the calls the model's own mlx-lm tool parser read from the
     answer of a request that offered tools (an ``id`` empty when the model gave none), with
     ``content`` the text without the call blocks; none (and ``content`` ``None``) when nothing
-    was read — see :mod:`skulk.engine._tool_parse`."""
+    was read — see :mod:`skulk.engine._tool_parse`. ``queue_seconds``: how long the request
+    waited, tokenized, for room in the runner's KV budget before it was admitted (the
+    ``skulk:request_queue_time_seconds`` metric)."""
 
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     content: str | None = None
+    queue_seconds: float = 0.0
 
 
 @attrs.frozen

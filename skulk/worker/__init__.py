@@ -8,6 +8,7 @@ from skulk.worker._model_service import (
     ModelStatus,
     ModelUnavailable,
     RequestFailure,
+    ServiceStatistics,
 )
 from skulk.worker._reconciler import Assignment, Reconciler, phase_of
 from skulk.worker._scored import ScoredText, join_scored, logprobs_of
@@ -24,6 +25,7 @@ __all__ = [
     "Reconciler",
     "RequestFailure",
     "ScoredText",
+    "ServiceStatistics",
     "ServingSampler",
     "join_scored",
     "logprobs_of",

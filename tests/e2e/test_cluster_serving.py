@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from skulk.harness import NodeProcess
 
@@ -209,6 +210,62 @@ def test_every_node_shows_each_nodes_health_and_what_it_serves(cluster: Cluster)
         return True
 
     a.wait_for(all_ok_everywhere, 60, "every node ok, B serving the instance, in every view")
+
+
+def scrape(node: NodeProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``node``'s ``/metrics``, parsed by ``prometheus_client``: (name, labels) → value."""
+    response = node.get("/metrics")
+    assert response.status_code == 200
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def summed(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+           **labels: str) -> float:  # fmt: skip
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls)
+
+
+def test_metrics_count_a_routed_request_where_received_and_where_served(
+    cluster: Cluster,
+) -> None:
+    """A request through A served on B: A counts it (``route="remote"``), B counts having
+    served a routed request and its prefix cache saw the prompt; B's own count is unchanged."""
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    before_a, before_b = scrape(a), scrape(b)
+    raw = client(a).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count me"}], max_tokens=6
+    )
+    reply = raw.parse()
+    assert raw.headers["x-skulk-node"] == b.node_id and reply.usage is not None
+    after_a, after_b = scrape(a), scrape(b)
+
+    def grew(after: dict[Any, float], before: dict[Any, float], name: str, **kw: str) -> float:
+        return summed(after, name, **kw) - summed(before, name, **kw)
+
+    remote = {"model": MODEL, "route": "remote"}
+    finish = reply.choices[0].finish_reason
+    assert grew(after_a, before_a, "skulk:request_success_total", **remote,
+                finish_reason=finish) == 1  # fmt: skip
+    assert grew(after_a, before_a, "skulk:prompt_tokens_total", **remote) == (
+        reply.usage.prompt_tokens
+    )
+    assert grew(after_a, before_a, "skulk:generation_tokens_total", **remote) == (
+        reply.usage.completion_tokens
+    )
+    assert grew(after_b, before_b, "skulk:request_success_total") == 0  # counted once: on A
+    assert grew(after_b, before_b, "skulk:routed_requests_served_total") == 1
+    assert grew(after_b, before_b, "skulk:prefix_cache_queries_total", model=MODEL) == (
+        reply.usage.prompt_tokens
+    )
+    assert summed(after_a, "skulk:prefix_cache_queries_total") == 0  # A runs no instance
+    for samples in (after_a, after_b):
+        assert summed(samples, "skulk:link_state", state="up") == 2  # linked to both others
+        assert summed(samples, "skulk:cluster_nodes", status="up") == 3
+    leaders = [summed(scrape(n), "skulk:raft_role", role="leader") for n in cluster.live()]
+    assert sorted(leaders) == [0, 0, 1]
 
 
 def runner_pid(node: NodeProcess) -> int:

@@ -249,6 +249,11 @@ def test_budget_admits_what_fits_queues_fifo_and_refuses_beyond_the_queue(
         assert out[rid] == alone(engine, prompts[rid], params), rid
         done = loop.ends()[rid]
         assert isinstance(done, Finished) and done.end.usage.completion_tokens == 20
+    # Those that waited for room say so (the queue time metric); those admitted at once
+    # waited only between two lines of the scheduler.
+    waited = {rid: end.end.queue_seconds for rid, end in loop.ends().items()
+              if isinstance(end, Finished)}  # fmt: skip
+    assert min(waited["r2"], waited["r3"]) > max(waited["r0"], waited["r1"])
     assert reqs.budget.used == 0
 
 
