@@ -23,6 +23,7 @@ from contextlib import aclosing
 import attrs
 
 from skulk.cluster import Instance, State
+from skulk.tracing import note, serving
 from skulk.wire.cluster import ModelCard
 from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, SamplingParams
 from skulk.worker import Embedding, ModelService
@@ -164,23 +165,41 @@ class Router:
     async def generate(
         self, route: Route, prompt: Prompt, params: SamplingParams
     ) -> AsyncGenerator[str | GenerationEnd, None]:
-        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`."""
+        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`.
+
+        Under a request (:func:`skulk.tracing.request_scope`) it notes where the request went
+        (``request.routed``, ``request.admitted`` for a local instance) and how it ended here
+        (``request.done``, ``request.error``)."""
         self._in_flight[route.instance] += 1
+        serving(route.instance, route.model)
+        where = "this node" if route.local else f"node {route.node}"
+        note("request.routed", f"instance {route.instance} on {where}")
+        outcome = "ended without a result"
         try:
             if route.local:
                 service = self._local(route.instance)
                 if service is None:
                     raise NoReadyInstance(route.model, {route.instance: "stopped"})
                 with self._admission.admit(route.instance):
+                    note("request.admitted", f"instance {route.instance}")
                     async with aclosing(service.generate(prompt, params)) as items:
                         async for item in items:
+                            if isinstance(item, GenerationEnd):
+                                outcome = item.finish_reason
                             yield item
             else:
                 async with aclosing(
                     self._remote.generate(route.node, route.instance, prompt, params)
                 ) as items:
                     async for item in items:
+                        if isinstance(item, GenerationEnd):
+                            outcome = item.finish_reason
                         yield item
+        except Exception as exc:
+            note("request.error", f"{type(exc).__name__}: {str(exc)[:200]}")
+            raise
+        else:
+            note("request.done", outcome)
         finally:
             self._done(route)
 

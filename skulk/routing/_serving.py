@@ -29,6 +29,7 @@ from skulk.federation import (
     StreamStopped,
     rpc_peer,
 )
+from skulk.tracing import check_request_id, note, request_scope
 from skulk.wire import WireError
 from skulk.wire.routing import (
     RouteAnswer,
@@ -140,7 +141,9 @@ class RouteServer:
             raise RpcFailed("bad_request", f"{method[:64]!r} is not answered here")
         try:
             request = REQUEST_CODEC.decode(body)
-        except WireError as exc:
+            if request.trace_id is not None:
+                check_request_id(request.trace_id)
+        except (WireError, ValueError) as exc:
             raise RpcFailed("bad_request", str(exc)[:200]) from None
         nursery = self._nursery
         if nursery is None:
@@ -168,8 +171,27 @@ class RouteServer:
             place.close()
             raise RpcFailed("no_link", str(exc)[:200]) from None
         self.served += 1
-        nursery.start_soon(self._serve, request, service, link, sender, place)
+        nursery.start_soon(self._traced, peer, request, service, link, sender, place)
         return ADMITTED
+
+    async def _traced(
+        self,
+        peer: str,
+        request: RouteRequest,
+        service: ModelService,
+        link: Link,
+        sender: DataSender,
+        place: contextlib.ExitStack,
+    ) -> None:
+        """:meth:`_serve` under the request's id (when the caller sent one): this node's log
+        lines, journal and runner flight recorder name it too."""
+        if request.trace_id is None:
+            await self._serve(request, service, link, sender, place)
+            return
+        with request_scope(request.trace_id, instance=request.instance):
+            note("route.arrived", f"from node {peer} (route {request.request_id})")
+            note("request.admitted", f"instance {request.instance}")
+            await self._serve(request, service, link, sender, place)
 
     async def _serve(
         self,
