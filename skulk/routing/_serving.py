@@ -191,7 +191,10 @@ class RouteServer:
         with request_scope(request.trace_id, instance=request.instance):
             note("route.arrived", f"from node {peer} (route {request.request_id})")
             note("request.admitted", f"instance {request.instance}")
+            log.debug("serving a request routed from node %s", peer)
             await self._serve(request, service, link, sender, place)
+            # The serving node's line per routed request (the API node logs its access line).
+            log.info("served a request routed from node %s on instance %s", peer, request.instance)
 
     async def _serve(
         self,
