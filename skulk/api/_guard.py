@@ -60,7 +60,6 @@ from skulk.tracing import (
     REQUEST_ID_HEADER,
     check_request_id,
     new_request_id,
-    note,
     request_scope,
 )
 
@@ -134,11 +133,11 @@ class RequestGuard:
         exchange = _Exchange()
         owned: list[Cleanup] = []
         request_id, refusal = _request_id(scope)
-        with request_scope(request_id):
+        what = f"{scope.get('method', 'GET')} {clip(str(scope.get('path', '')), 200)}"
+        with request_scope(request_id, received=what):
             token = _owned.set(owned)
             try:
                 tracked = _tracking(send, exchange, request_id)
-                note("request.received", f"{scope.get('method', 'GET')} {scope.get('path', '')}")
                 if refusal is not None:
                     await _refuse(scope, tracked, refusal)
                 elif scope["type"] == "http":

@@ -53,11 +53,14 @@ def new_request_id() -> str:
 @attrs.define
 class RequestTrace:
     """The request being handled: ``request_id``, and once routed the ``instance`` (and its
-    ``model``) serving it."""
+    ``model``) serving it. ``received``: when (wall clock) and what (``METHOD /path``) the API
+    node received, journaled as ``request.received`` just before the request's first event,
+    so that requests nothing is noted about (health checks, polls) leave no trace."""
 
     request_id: str
     instance: str | None = None
     model: str | None = None
+    received: tuple[float, str] | None = None
 
 
 @attrs.frozen
@@ -79,16 +82,14 @@ class RequestJournal:
         self._events: deque[JournalEvent] = deque(maxlen=capacity)
 
     def record(self, trace: RequestTrace, kind: str, detail: str = "") -> None:
-        self._events.append(
-            JournalEvent(
-                time.time(),
-                trace.request_id,
-                kind,
-                detail,
-                trace.instance or "",
-                trace.model or "",
-            )
-        )
+        if trace.received is not None:
+            (at, what), trace.received = trace.received, None
+            self._append(at, trace, "request.received", what)
+        self._append(time.time(), trace, kind, detail)
+
+    def _append(self, at: float, trace: RequestTrace, kind: str, detail: str) -> None:
+        instance, model = trace.instance or "", trace.model or ""
+        self._events.append(JournalEvent(at, trace.request_id, kind, detail, instance, model))
 
     def events(self, request_id: str | None = None) -> list[JournalEvent]:
         """Every event kept (oldest first), or only ``request_id``'s."""
@@ -126,10 +127,16 @@ def node_scope(node_id: str, journal: RequestJournal) -> Iterator[NodeTrace]:
 
 @contextmanager
 def request_scope(
-    request_id: str, *, instance: str | None = None, model: str | None = None
+    request_id: str,
+    *,
+    instance: str | None = None,
+    model: str | None = None,
+    received: str | None = None,
 ) -> Iterator[RequestTrace]:
-    """Within: the code works for request ``request_id`` (and the tasks it starts)."""
-    trace = RequestTrace(request_id, instance, model)
+    """Within: the code works for request ``request_id`` (and the tasks it starts);
+    ``received``: what the API node received (``METHOD /path``), noted with its first event."""
+    arrival = None if received is None else (time.time(), received)
+    trace = RequestTrace(request_id, instance, model, arrival)
     token = _REQUEST.set(trace)
     try:
         yield trace

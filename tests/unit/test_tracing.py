@@ -111,6 +111,23 @@ def test_the_journal_is_bounded_and_answers_by_request() -> None:
     assert (first.node, first.rank, first.incarnation, first.request_id) == ("n1", 0, 0, "r0")
 
 
+def test_a_request_is_journaled_as_received_only_once_something_is_noted() -> None:
+    journal = RequestJournal()
+    with node_scope("n1", journal):
+        with request_scope("poll", received="GET /health"):
+            pass  # a health check: nothing about it is kept
+        with request_scope("r1", received="POST /v1/chat/completions"):
+            note("request.routed", "instance i1")
+            note("request.done", "stop")
+    assert [(e.request_id, e.kind, e.detail) for e in journal.events()] == [
+        ("r1", "request.received", "POST /v1/chat/completions"),
+        ("r1", "request.routed", "instance i1"),
+        ("r1", "request.done", "stop"),
+    ]
+    received, routed, _ = journal.events()
+    assert received.at <= routed.at
+
+
 # ---- log lines ---------------------------------------------------------------------------------
 
 
