@@ -171,30 +171,13 @@ class RouteServer:
             place.close()
             raise RpcFailed("no_link", str(exc)[:200]) from None
         self.served += 1
-        nursery.start_soon(self._traced, peer, request, service, link, sender, place)
+        with contextlib.ExitStack() as traced:
+            if request.trace_id is not None:  # the task started runs under the API request's id
+                traced.enter_context(request_scope(request.trace_id, instance=request.instance))
+                note("route.arrived", f"from node {peer} (route {request.request_id})")
+                note("request.admitted", f"instance {request.instance}")
+            nursery.start_soon(self._serve, request, service, link, sender, place)
         return ADMITTED
-
-    async def _traced(
-        self,
-        peer: str,
-        request: RouteRequest,
-        service: ModelService,
-        link: Link,
-        sender: DataSender,
-        place: contextlib.ExitStack,
-    ) -> None:
-        """:meth:`_serve` under the request's id (when the caller sent one): this node's log
-        lines, journal and runner flight recorder name it too."""
-        if request.trace_id is None:
-            await self._serve(request, service, link, sender, place)
-            return
-        with request_scope(request.trace_id, instance=request.instance):
-            note("route.arrived", f"from node {peer} (route {request.request_id})")
-            note("request.admitted", f"instance {request.instance}")
-            log.debug("serving a request routed from node %s", peer)
-            await self._serve(request, service, link, sender, place)
-            # The serving node's line per routed request (the API node logs its access line).
-            log.info("served a request routed from node %s on instance %s", peer, request.instance)
 
     async def _serve(
         self,
@@ -210,6 +193,8 @@ class RouteServer:
         try:
             with place:
                 await self._stream(request, service, link, sender)
+            # The serving node's line per routed request (the API node logs its access line).
+            log.info("served a request routed from node %s", link.peer_id)
         except Exception as exc:  # a bug: it fails this request, never run() and its peers
             log.exception("serving routed request %s failed", request.request_id)
             failure = RouteFailed("internal_error", f"{type(exc).__name__} on the serving node")
