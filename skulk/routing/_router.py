@@ -174,7 +174,6 @@ class Router:
         serving(route.instance, route.model)
         where = "this node" if route.local else f"node {route.node}"
         note("request.routed", f"instance {route.instance} on {where}")
-        outcome = "ended without a result"
         try:
             if route.local:
                 service = self._local(route.instance)
@@ -185,21 +184,19 @@ class Router:
                     async with aclosing(service.generate(prompt, params)) as items:
                         async for item in items:
                             if isinstance(item, GenerationEnd):
-                                outcome = item.finish_reason
+                                note("request.done", item.finish_reason)
                             yield item
             else:
                 async with aclosing(
                     self._remote.generate(route.node, route.instance, prompt, params)
                 ) as items:
                     async for item in items:
-                        if isinstance(item, GenerationEnd):
-                            outcome = item.finish_reason
+                        if isinstance(item, GenerationEnd):  # noted now: the consumer may
+                            note("request.done", item.finish_reason)  # close us at the end
                         yield item
         except Exception as exc:
             note("request.error", f"{type(exc).__name__}: {str(exc)[:200]}")
             raise
-        else:
-            note("request.done", outcome)
         finally:
             self._done(route)
 

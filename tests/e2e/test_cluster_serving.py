@@ -208,6 +208,7 @@ def test_one_request_is_followed_across_the_nodes(cluster: Cluster) -> None:
         (a.node_id, "request.received"), (a.node_id, "request.routed"), (a.node_id, "route.hop"),
         (b.node_id, "route.arrived"), (b.node_id, "request.start"),
         (b.node_id, "request.first_token"), (b.node_id, "request.finish"),
+        (a.node_id, "request.done"),
     }  # fmt: skip
 
     def timeline() -> dict[str, Any]:
