@@ -68,7 +68,7 @@ OPTIONS: tuple[Option, ...] = (
            "'none' joins as capacity only (a joining node left at the default does too)"),
     Option("log_level", str, "debug, info, warning or error", _level),
     Option("log_format", str,
-           "text (default) or json: one JSON object per line with timestamp, level, logger, "
+           "text or json: one JSON object per line with timestamp, level, logger, "
            "node, request_id, instance and message", _log_format),
     Option("stream_interval", float,
            "seconds between streamed deltas after the first token; 0 sends every token",
