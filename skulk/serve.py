@@ -43,7 +43,7 @@ from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
 from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
-from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, runner_events
+from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, journal_events, runner_events
 from skulk.federation import (
     DataReceiver,
     Mesh,
@@ -67,6 +67,7 @@ from skulk.telemetry import (
     next_epoch,
     sample_readings,
 )
+from skulk.tracing import RequestJournal, enter_node
 from skulk.transfer import (
     TRANSFER_METHODS,
     WeightClient,
@@ -105,6 +106,8 @@ async def serve(
         # Printed, not logged: it must show whatever --log-level says.
         print(f"skulk: WARNING: {warning}", file=sys.stderr, flush=True)
     node_id = load_or_create_node_id(config.home)
+    journal = RequestJournal()  # what happened to requests here (GET /v1/requests/{id})
+    enter_node(node_id, journal)  # log lines of this node's tasks name it
     try:
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
     except SecretError as exc:
@@ -250,7 +253,11 @@ async def serve(
         return events
 
     timeline = ClusterTimeline(
-        node_id, local_timeline, lambda: [n.id for n in control.state.nodes], mesh.link
+        node_id,
+        local_timeline,
+        lambda: [n.id for n in control.state.nodes],
+        mesh.link,
+        requests=partial(journal_events, node_id, journal),
     )
     handlers.update(
         {

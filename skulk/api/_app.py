@@ -18,7 +18,7 @@ from quart_trio import QuartTrio
 from skulk.api._anthropic_routes import install_anthropic_routes
 from skulk.api._auth import install_api_keys
 from skulk.api._cluster_routes import install_cluster_routes
-from skulk.api._diagnostic_routes import install_timeline_route
+from skulk.api._diagnostic_routes import install_request_route, install_timeline_route
 from skulk.api._embeddings import install_embedding_routes
 from skulk.api._guard import RequestGuard
 from skulk.api._http_errors import install_error_handlers
@@ -77,6 +77,7 @@ def create_app(
         install_cluster_routes(app, control, read_body, readings)
     if timeline is not None:
         install_timeline_route(app, timeline)
+        install_request_route(app, timeline)  # GET /v1/requests/{id}: one request, every node
     install_openapi_route(app, cluster=control is not None, timeline=timeline is not None)
     install_node_routes(app, router, local, consensus)
     install_mesh_routes(app, cluster, gossip, consensus, control)

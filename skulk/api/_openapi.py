@@ -352,6 +352,15 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
                 parameters=params,
             )
         }
+        paths["/v1/requests/{request_id}"] = {
+            "get": _operation(
+                "/v1/requests/{request_id}",
+                "One request's events (x-request-id) from every node it touched, merged.",
+                {200: any_json},
+                (400, 404),
+                parameters=[_path_param("request_id", "The request's id.", "req-0123abcd")],
+            )
+        }
     if cluster:
         paths.update(_cluster_paths())
     return paths

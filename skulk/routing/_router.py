@@ -28,6 +28,7 @@ import attrs
 
 from skulk.cluster import Instance, State
 from skulk.metrics import NodeMetrics
+from skulk.tracing import note, serving
 from skulk.wire.cluster import ModelCard
 from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, SamplingParams
 from skulk.worker import Embedding, ModelService, ModelUnavailable, RequestFailure
@@ -178,20 +179,30 @@ class Router:
     async def generate(
         self, route: Route, prompt: Prompt, params: SamplingParams
     ) -> AsyncGenerator[str | GenerationEnd, None]:
-        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`."""
+        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`.
+
+        Under a request (:func:`skulk.tracing.request_scope`) it notes where the request went
+        (``request.routed``, ``request.admitted`` for a local instance) and how it ended here
+        (``request.done``, ``request.error``)."""
         observed = self.metrics.requests.start(
             route.model, route.instance, "local" if route.local else "remote"
         )
         self._in_flight[route.instance] += 1
+        serving(route.instance, route.model)
+        where = "this node" if route.local else f"node {route.node}"
+        note("request.routed", f"instance {route.instance} on {where}")
         try:
             if route.local:
                 service = self._local(route.instance)
                 if service is None:
                     raise NoReadyInstance(route.model, {route.instance: "stopped"})
                 with self._admission.admit(route.instance):
+                    note("request.admitted", f"instance {route.instance}")
                     async with aclosing(service.generate(prompt, params)) as items:
                         async for item in items:
                             observed.item(item)
+                            if isinstance(item, GenerationEnd):
+                                note("request.done", item.finish_reason)
                             yield item
             else:
                 async with aclosing(
@@ -199,9 +210,13 @@ class Router:
                 ) as items:
                     async for item in items:
                         observed.item(item)
+                        if isinstance(item, GenerationEnd):  # noted now: the consumer may
+                            note("request.done", item.finish_reason)  # close us at the end
                         yield item
         except BaseException as exc:
             observed.failed(failure_reason(exc))
+            if isinstance(exc, Exception):
+                note("request.error", f"{type(exc).__name__}: {str(exc)[:200]}")
             raise
         finally:
             self._done(route)

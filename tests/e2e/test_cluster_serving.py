@@ -104,8 +104,9 @@ def cluster(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     c = Cluster(tmp_path_factory.mktemp("cluster"), skulk_home)
     try:
         a = c.start("a", "--model", "none", "--node-down-after", DOWN_AFTER)
-        c.start("b", "--join", a.ws_url, "--model", "none")
-        c.start("c", "--join", a.ws_url, "--model", "none")
+        json_logs = ("--log-format", "json")  # A writes text lines, B and C JSON lines
+        c.start("b", "--join", a.ws_url, "--model", "none", *json_logs)
+        c.start("c", "--join", a.ws_url, "--model", "none", *json_logs)
         a.wait_for(
             lambda: all(
                 len([n for n in x.get("/v1/cluster/nodes").json()["nodes"] if n["status"] == "up"])
@@ -266,6 +267,95 @@ def test_metrics_count_a_routed_request_where_received_and_where_served(
         assert summed(samples, "skulk:cluster_nodes", status="up") == 3
     leaders = [summed(scrape(n), "skulk:raft_role", role="leader") for n in cluster.live()]
     assert sorted(leaders) == [0, 0, 1]
+
+def json_lines(node: NodeProcess) -> list[dict[str, Any]]:
+    """The node's log lines that are JSON objects (its --log-format json lines)."""
+    out = []
+    for line in list(node.output):
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def test_one_request_is_followed_across_the_nodes(cluster: Cluster) -> None:
+    """A request with x-request-id through A, served on B: the id comes back, B's log lines
+    carry it, and any node (C) shows its timeline from both nodes."""
+    a, b, c = (cluster.nodes[n] for n in "abc")
+    rid = f"e2e-follow.{time.time_ns()}"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Follow me"}]}
+    ours = {"x-request-id": rid}
+    r = a.post("/v1/chat/completions", json={**chat, "max_tokens": 6}, headers=ours)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-request-id"] == rid and r.headers["x-skulk-node"] == b.node_id
+    # Streamed, the header is there too; without one, the node names the request itself.
+    streamed = {**chat, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", a.url + "/v1/chat/completions", json=streamed, timeout=30) as s:
+        assert s.status_code == 200 and s.headers["x-request-id"].startswith("req-")
+        s.read()
+    # Every error body carries the id, in each format's place for it.
+    bad = {"x-request-id": rid + ".bad"}
+    openai_err = a.post("/v1/chat/completions", json={"model": MODEL}, headers=bad)
+    assert openai_err.status_code == 400 and openai_err.headers["x-request-id"] == rid + ".bad"
+    assert openai_err.json()["error"]["request_id"] == rid + ".bad"
+    anthropic_err = a.post("/v1/messages", json={"model": MODEL}, headers=bad)
+    assert anthropic_err.json()["error"]["request_id"] == rid + ".bad"
+    ollama_err = a.post("/api/chat", json={"model": MODEL, "messages": "no"}, headers=bad)
+    assert ollama_err.status_code == 400 and ollama_err.json()["request_id"] == rid + ".bad"
+    # One request's timeline, asked of the third node: A's hop and B's serving, merged.
+    wanted = {
+        (a.node_id, "request.received"), (a.node_id, "request.routed"), (a.node_id, "route.hop"),
+        (b.node_id, "route.arrived"), (b.node_id, "request.start"),
+        (b.node_id, "request.first_token"), (b.node_id, "request.finish"),
+        (a.node_id, "request.done"),
+    }  # fmt: skip
+
+    def timeline() -> dict[str, Any]:
+        answer = c.get(f"/v1/requests/{rid}")
+        assert answer.status_code == 200, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
+    c.wait_for(
+        lambda: wanted <= {(e["node_id"], e["kind"]) for e in timeline()["events"]},
+        15,
+        "the request's events from A and B",
+    )
+    body = timeline()
+    assert body["request_id"] == rid
+    times = [e["at"] for e in body["events"]]
+    assert times == sorted(times)
+    assert {e["instance"] for e in body["events"] if e["node_id"] == b.node_id} == {
+        instances(c)[0]["id"]
+    }
+    # B wrote JSON lines that name the request, the node and the instance; A's text lines
+    # show the id in brackets.
+    b.wait_for(lambda: any(line.get("request_id") == rid for line in json_lines(b)), 10, "B's line")
+    mine = [line for line in json_lines(b) if line.get("request_id") == rid]
+    assert {line["node"] for line in mine} == {b.node_id}
+    assert all(line["instance"] and line["level"] and line["timestamp"] for line in mine)
+    assert f"[{rid}]" in a.log()
+    # Adversarial ids: refused with a 400 naming the header, under a fresh id of the node's.
+    for wrong in ("x" * 129, "two words", "tab\there", "caf\u00e9"):
+        refused = a.post(
+            "/v1/chat/completions", json=chat, headers={"x-request-id": wrong.encode("latin-1")}
+        )
+        assert refused.status_code == 400, wrong
+        error = refused.json()["error"]
+        assert error["param"] == "x-request-id"
+        assert error["request_id"] == refused.headers["x-request-id"] != wrong
+    twice = a.post(
+        "/v1/chat/completions", json=chat, headers=[("x-request-id", "a"), ("x-request-id", "b")]
+    )
+    assert twice.status_code == 400 and twice.json()["error"]["param"] == "x-request-id"
+    unknown = c.get("/v1/requests/never-sent-" + rid)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "request_not_found"
+    for malformed in ("two%20words", "x" * 129):
+        answer = c.get("/v1/requests/" + malformed)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "request_id"
 
 
 def runner_pid(node: NodeProcess) -> int:
