@@ -35,6 +35,7 @@ from skulk.api import create_app, envelope_hypercorn_errors, exposure_warning
 from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
+from skulk.console import ProgressItem, progress_items, show_progress
 from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
 from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, runner_events
 from skulk.federation import (
@@ -230,6 +231,15 @@ async def serve(
             events += runner_events(node_id, gone.instance, gone.rank, service.recent_runners())
         return events
 
+    def progress_now() -> list[ProgressItem]:
+        """This node's weight fetches and model loads, for the terminal's progress bars."""
+        assigned = reconciler.assignments()
+        services = [
+            (instance, assigned[instance].rank if instance in assigned else 0, s.status())
+            for instance, s in list(reconciler.services.items())
+        ]
+        return progress_items(fetches.snapshot(), services)
+
     timeline = ClusterTimeline(
         node_id, local_timeline, lambda: [n.id for n in control.state.nodes], mesh.link
     )
@@ -278,6 +288,7 @@ async def serve(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
+        nursery.start_soon(show_progress, progress_now)  # bars only when stderr is a TTY
         try:
             host, port = await nursery.start(mesh.run)
         except OSError as exc:
