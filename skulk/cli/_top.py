@@ -47,6 +47,11 @@ INSTANCE_COLUMNS = (
     "TTFT p50",
 )
 NODE_COLUMNS = ("NODE", "STATUS", "HEALTH", "MEM USED", "MEM FREE", "LOAD", "AGE", "REASON")
+#: Columns never narrowed below this on a narrow terminal (ids are 12 and 21 characters); the
+#: others not listed in :data:`SHRINKING` keep at least their header's width.
+MIN_WIDTHS = {"INSTANCE": 12, "NODE": 21, "KV": 14}
+#: The columns that give up their width first when the terminal is narrow.
+SHRINKING = ("MODEL", "NODES", "PHASE", "REASON")
 #: What the HEALTH column shows for a node whose row has no ``health`` field.
 UNKNOWN_HEALTH = "?"
 #: The style of each health level and runner phase (anything else is drawn plain).
@@ -188,7 +193,12 @@ def error_frame(message: str, *, title: str = "skulk top") -> RenderableType:
 def _table(title: str, columns: Sequence[str]) -> Table:
     table = Table(title=title, title_justify="left", expand=False, box=None, pad_edge=False)
     for column in columns:
-        table.add_column(column, no_wrap=True, overflow="ellipsis")
+        table.add_column(
+            column,
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=None if column in SHRINKING else max(len(column), MIN_WIDTHS.get(column, 0)),
+        )
     return table
 
 

@@ -23,8 +23,8 @@ from skulk.cli._top import error_frame, top_frame
 
 #: Seconds between two frames.
 REFRESH_INTERVAL = 1.0
-#: Columns a frame gets when stdout is not a terminal (``$COLUMNS`` overrides it): wide enough
-#: that node and instance ids are never cut.
+#: Columns a frame gets at least when stdout is not a terminal (more if ``$COLUMNS`` says so):
+#: wide enough that no cell is cut.
 PIPE_WIDTH = 200
 
 
@@ -83,5 +83,5 @@ def _console(environ: Mapping[str, str]) -> Console:
     if sys.stdout.isatty():
         return Console()
     columns = environ.get("COLUMNS", "")
-    width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+    width = max(int(columns), PIPE_WIDTH) if columns.isdigit() else PIPE_WIDTH
     return Console(width=width, no_color=True)

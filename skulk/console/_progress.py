@@ -19,8 +19,9 @@ from skulk.worker import ModelStatus
 
 #: Seconds between two looks at the node's work.
 SAMPLE_INTERVAL = 0.25
-#: Model service states whose runner reports layers loaded.
-LOADING_STATES = ("loading", "warming")
+#: Model service states shown: a runner starting (``connecting`` to its group, ``loading``
+#: layers, ``warming`` up). Until the runner reports its first layer the bar has no total.
+STARTING_STATES = ("connecting", "loading", "warming")
 #: How much of an instance id a label shows.
 SHORT_ID = 12
 
@@ -28,17 +29,20 @@ SHORT_ID = 12
 @attrs.frozen
 class ProgressItem:
     """One piece of long work: ``done`` of ``total`` ``unit`` (``bytes`` of weights fetched,
-    ``layers`` loaded); ``key`` names it from one look to the next."""
+    ``layers`` loaded; ``total`` ``None`` while unknown); ``key`` names it from one look to the
+    next."""
 
     key: str
     label: str
     done: int
-    total: int
+    total: int | None
     unit: Literal["bytes", "layers"]
 
     @property
     def amount(self) -> str:
-        """``1.2 GB/4.0 GB`` or ``3/12 layers``."""
+        """``1.2 GB/4.0 GB``, ``3/12 layers``, or ``starting`` while the total is unknown."""
+        if self.total is None:
+            return "starting"
         if self.unit == "bytes":
             return f"{decimal(self.done)}/{decimal(self.total)}"
         return f"{self.done}/{self.total} layers"
@@ -48,8 +52,8 @@ def progress_items(
     fetches: Iterable[FetchProgress], services: Iterable[tuple[str, int, ModelStatus]]
 ) -> list[ProgressItem]:
     """The long work of a node now: its weight fetches (from its fetch board) and its model
-    services that are loading (``(instance, rank, status)``; the others are not shown), fetches
-    first, each in the order given."""
+    services whose runner is starting (``(instance, rank, status)``; the others are not
+    shown), fetches first, each in the order given."""
     items = [
         ProgressItem(
             f"fetch {f.instance}/{f.rank}",
@@ -62,12 +66,12 @@ def progress_items(
         if f.bytes_total > 0
     ]
     for instance, rank, status in services:
-        if status.state in LOADING_STATES and status.total > 0:
-            label = f"loading {status.model_id} ({instance[:SHORT_ID]} rank {rank})"
-            done = status.total if status.state == "warming" else status.loaded
-            items.append(
-                ProgressItem(f"load {instance}/{rank}", label, done, status.total, "layers")
-            )
+        if status.state not in STARTING_STATES:
+            continue
+        label = f"{status.state} {status.model_id} ({instance[:SHORT_ID]} rank {rank})"
+        total = status.total if status.total > 0 else None
+        done = status.total if status.state == "warming" else status.loaded
+        items.append(ProgressItem(f"load {instance}/{rank}", label, done, total, "layers"))
     return items
 
 

@@ -221,7 +221,8 @@ def test_the_frame_with_serving_and_health() -> None:
     assert line_with(frame, "12s")[:3] == ["node-bbbb", "up", "ok"]
     # Sorted by id whatever order the server sent.
     assert frame.index("3f2a9c1e0b7d") < frame.index("77aa00bb11cc")
-    assert frame.index("node-aaaa  up") < frame.index("node-bbbb  up")
+    starts = [line.split()[0] for line in frame.splitlines() if line.startswith("node-")]
+    assert starts == ["node-aaaa", "node-bbbb"]
 
 
 def test_the_frame_without_serving_and_health() -> None:
@@ -253,6 +254,20 @@ def test_top_once_prints_one_frame(capsys: pytest.CaptureFixture[str]) -> None:
     assert line_with(out, "3f2a9c1e0b7d")[5] == "3/2"
     assert "\x1b[" not in out  # not a terminal: no escape codes
     assert [r.url.path for r in api.requests] == ["/v1/instances", "/v1/cluster/nodes"]
+
+
+def test_top_once_on_a_pipe_cuts_nothing_whatever_columns_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = run_client_command(
+        parse("top", "--once"),
+        transport=httpx.MockTransport(answers([PIPELINE], [NODE_A, NODE_B])),
+        env={"COLUMNS": "80"},
+    )
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert line_with(out, "3f2a9c1e0b7d")[7] == "25% of 2.0 GiB"
 
 
 def test_top_json_prints_both_answers(capsys: pytest.CaptureFixture[str]) -> None:

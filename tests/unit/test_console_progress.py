@@ -24,8 +24,9 @@ def test_fetches_and_loading_services_become_items() -> None:
         ("aa", 0, ModelStatus("skulk-demo", "loading", loaded=3, total=12)),
         ("bb", 1, ModelStatus("org/m", "warming", loaded=11, total=12)),
         ("cc", 0, ModelStatus("org/m", "ready", loaded=12, total=12)),
-        ("dd", 0, ModelStatus("org/m", "loading", loaded=0, total=0)),  # no report yet
+        ("dd", 0, ModelStatus("org/m", "connecting")),  # no layer reported yet
         ("ee", 0, ModelStatus("org/m", "resolving")),
+        ("ff", 0, ModelStatus("org/m", "failed")),
     ]
     items = progress_items(fetches, services)
     assert items == [
@@ -37,9 +38,11 @@ def test_fetches_and_loading_services_become_items() -> None:
             "bytes",
         ),
         ProgressItem("load aa/0", "loading skulk-demo (aa rank 0)", 3, 12, "layers"),
-        ProgressItem("load bb/1", "loading org/m (bb rank 1)", 12, 12, "layers"),
+        ProgressItem("load bb/1", "warming org/m (bb rank 1)", 12, 12, "layers"),
+        ProgressItem("load dd/0", "connecting org/m (dd rank 0)", 0, None, "layers"),
     ]
-    assert [i.amount for i in items] == ["2.5 MB/10.0 MB", "3/12 layers", "12/12 layers"]
+    amounts = [i.amount for i in items]
+    assert amounts == ["2.5 MB/10.0 MB", "3/12 layers", "12/12 layers", "starting"]
     assert progress_items([], []) == []
 
 
@@ -87,10 +90,14 @@ def test_bars_come_and_go_with_the_work(logger_on: Terminal) -> None:
 def test_a_bar_whose_work_ended_goes(logger_on: Terminal) -> None:
     bars = TerminalProgress(logger_on)
     fetch = ProgressItem("fetch a/0", "fetching", 5, 10, "bytes")
-    bars.update([fetch, load(1)])
-    bars.update([load(2)])
+    starting = ProgressItem("load a/0", "loading skulk-demo", 0, None, "layers")
+    bars.update([fetch, starting])
     assert bars._progress is not None
-    assert [t.description for t in bars._progress.tasks] == ["loading skulk-demo"]
+    assert [t.total for t in bars._progress.tasks] == [10, None]  # None: a pulsing bar
+    bars.update([load(2)])
+    assert [(t.description, t.total) for t in bars._progress.tasks] == [
+        ("loading skulk-demo", 4)
+    ]
     bars.close()
     bars.close()  # twice is fine
     assert not bars.showing
