@@ -17,6 +17,7 @@ server without ``serving`` lists still gets its instances drawn), and a node wit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from rich.console import Group, RenderableType
@@ -116,14 +117,14 @@ def node_row(node: JsonObject) -> tuple[str, ...]:
     total = _as_int(node.get("memory_total_bytes"))
     free = _as_int(node.get("memory_available_bytes"))
     level, reason = health(node.get("health"))
-    load = node.get("load_1m")
+    load = _as_float(node.get("load_1m"))
     return (
         text(node.get("node_id")),
         text(node.get("status")),
         level,
         size(total - free) if total is not None and free is not None else NONE,
         size(free),
-        f"{load:.2f}" if isinstance(load, (int, float)) and not isinstance(load, bool) else NONE,
+        f"{load:.2f}" if load is not None and 0 <= load < math.inf else NONE,
         age(node.get("age_s")),
         reason,
     )
@@ -150,13 +151,13 @@ def health(value: object) -> tuple[str, str]:
 def rate(value: object) -> str:
     """Tokens per second: ``12.3``."""
     number = _as_float(value)
-    return NONE if number is None or number < 0 else f"{number:.1f}"
+    return NONE if number is None or not 0 <= number < math.inf else f"{number:.1f}"
 
 
 def seconds(value: object) -> str:
     """A latency: ``35 ms`` under a second, else ``1.25 s``; ``-`` for null."""
     number = _as_float(value)
-    if number is None or number < 0:
+    if number is None or not 0 <= number < math.inf:  # NaN and infinities too
         return NONE
     return f"{number * 1000:.0f} ms" if number < 1 else f"{number:.2f} s"
 

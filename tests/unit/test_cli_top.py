@@ -19,6 +19,7 @@ from skulk.cli._top import (
     instance_row,
     kv_use,
     node_row,
+    rate,
     seconds,
     serving_by_instance,
     top_frame,
@@ -180,6 +181,7 @@ def test_a_node_row_shows_memory_health_and_first_reason() -> None:
 
 def test_a_node_without_health_shows_a_question_mark() -> None:
     assert node_row(BARE_NODE)[2] == UNKNOWN_HEALTH == "?"
+    assert node_row({**BARE_NODE, "load_1m": float("nan")})[5] == "-"
     assert node_row(STATE_ONLY) == ("node-cccc", "down", "?", "-", "-", "-", "-", "-")
 
 
@@ -198,15 +200,41 @@ def test_health_tolerates_any_shape(value: object, shown: tuple[str, str]) -> No
     assert health(value) == shown
 
 
-def test_latency_and_kv_formats() -> None:
-    assert [seconds(v) for v in (0.0354, 1.234, None, -1, "1", True)] == [
-        "35 ms",
-        "1.23 s",
-        "-",
-        "-",
-        "-",
-        "-",
+def test_malformed_serving_entries_are_skipped_or_dashed() -> None:
+    nodes: list[Mapping[str, object]] = [
+        {"node_id": "n1", "serving": "not a list"},
+        {"node_id": "n2", "serving": [1, None, {"rank": 0}, {"instance_id": 7, "rank": 0}]},
+        {
+            "node_id": "n3",
+            "serving": [
+                serving("3f2a9c1e0b7d", "zero", running="3"),  # type: ignore[arg-type]
+                serving(
+                    "3f2a9c1e0b7d",
+                    0,
+                    running=True,
+                    waiting=None,
+                    tokens_per_s="fast",
+                    ttft_p50_s=float("nan"),
+                    kv_used_bytes=-1.5,
+                    kv_capacity_bytes=None,
+                ),
+            ],
+        },
     ]
+    grouped = serving_by_instance(nodes)
+    assert list(grouped) == ["3f2a9c1e0b7d"]
+    assert [e["rank"] for e in grouped["3f2a9c1e0b7d"]] == [0, "zero"]  # bad ranks last
+    row = instance_row(PIPELINE, grouped["3f2a9c1e0b7d"])
+    # Rank 0's mistyped numbers show dashes; the KV sum takes the well-typed ones it has.
+    assert row[5:] == ("-", "-", "0% of 1.0 GiB", "-")
+    frame = draw([PIPELINE], nodes)  # draws without raising
+    assert "3f2a9c1e0b7d" in frame
+
+
+def test_latency_and_kv_formats() -> None:
+    odd = (None, -1, "1", True, float("nan"), float("inf"))
+    assert [seconds(v) for v in (0.0354, 1.234, *odd)] == ["35 ms", "1.23 s"] + ["-"] * 6
+    assert [rate(v) for v in (12.34, 0, *odd)] == ["12.3", "0.0"] + ["-"] * 6
     assert kv_use(0, GiB) == "0% of 1.0 GiB"
     assert kv_use(2 * GiB, GiB) == "100% of 1.0 GiB"
     assert kv_use(1, 0) == "-"
