@@ -1,5 +1,5 @@
 """Command line: ``python -m skulk serve``, ``python -m skulk demo-model --out DIR``, and the
-client commands over a node's API: ``place MODEL``, ``ps``, ``nodes``, ``rm INSTANCE``
+client commands over a node's API: ``place MODEL``, ``ps``, ``nodes``, ``rm INSTANCE``, ``top``
 (docs/cli.md)."""
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from skulk.api import (
 from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
+from skulk.console import ProgressItem, progress_items, show_progress
 from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
 from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, journal_events, runner_events
 from skulk.federation import (
@@ -252,6 +253,15 @@ async def serve(
             events += runner_events(node_id, gone.instance, gone.rank, service.recent_runners())
         return events
 
+    def progress_now() -> list[ProgressItem]:
+        """This node's weight fetches and model loads, for the terminal's progress bars."""
+        assigned = reconciler.assignments()
+        services = [
+            (instance, assigned[instance].rank if instance in assigned else 0, s.status())
+            for instance, s in list(reconciler.services.items())
+        ]
+        return progress_items(fetches.snapshot(), services)
+
     timeline = ClusterTimeline(
         node_id,
         local_timeline,
@@ -304,6 +314,7 @@ async def serve(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
+        nursery.start_soon(show_progress, progress_now)  # bars only when stderr is a TTY
         try:
             host, port = await nursery.start(mesh.run)
         except OSError as exc:

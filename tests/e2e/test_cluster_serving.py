@@ -140,9 +140,20 @@ def test_a_model_placed_on_b_is_served_through_every_node(cluster: Cluster) -> N
     assert instances(a) == []
     missing = a.post("/v1/placements", json={"model": "no-such-model"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_model"
-    r = a.post("/v1/placements", json={"model": MODEL, "nodes": [b.node_id]})
-    assert r.status_code == 201, r.text
-    assert r.json()["instance"]["shards"][0]["node"] == b.node_id
+    # Placed with the client CLI, which follows the runner to ready: not on a terminal, one
+    # line per phase on stderr, the ready instance on stdout.
+    placed = subprocess.run(
+        [sys.executable, "-m", "skulk", "place", MODEL, "--nodes", b.node_id, "--wait",
+         "--timeout", "120", "--api", a.url],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert placed.returncode == 0, placed.stderr
+    first, _, table = placed.stdout.partition("\n")
+    assert first.startswith("ready ") and first.endswith(f": {MODEL} (single)"), placed.stdout
+    instance_id = first.split()[1].rstrip(":")
+    cells = table.splitlines()[1].split()  # RANK NODE LAYERS ADDRESS RUNNER
+    assert (cells[:2], cells[-1]) == (["0", b.node_id], "ready"), placed.stdout
+    assert placed.stderr.splitlines()[-1] == f"{instance_id}: rank 0 ready", placed.stderr
     a.wait_for(lambda: all(ready_on(n) == b.node_id for n in cluster.live()), 120, "ready on B")
     for node in (a, b, c):
         text, served_by = ask(node)
@@ -168,6 +179,17 @@ def test_a_model_placed_on_b_is_served_through_every_node(cluster: Cluster) -> N
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert shown[0]["id"] in table and b.node_id in table
+    # One frame of `top` through C: the instance, ready on B, and every node.
+    frame = subprocess.run(
+        [sys.executable, "-m", "skulk", "top", "--once", "--api", c.url],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = [line.split() for line in frame.splitlines() if line.startswith(instance_id)]
+    assert len(rows) == 1, frame
+    row = rows[0]
+    assert row[1:5] == [MODEL, "single", "ready", b.node_id], frame
+    for node in (a, b, c):
+        assert any(line.split()[:2] == [node.node_id, "up"] for line in frame.splitlines())
 
 
 def nodes_view(node: NodeProcess) -> dict[str, dict[str, Any]]:
