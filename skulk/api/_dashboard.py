@@ -11,8 +11,10 @@ routes answer (:data:`SOURCES`: ``/v1/cluster/nodes``, ``/v1/instances``,
 ``/v1/cluster/links``, ``/v1/cluster/raft``, and the cluster timeline every
 :data:`TIMELINE_EVERY` ticks), each read by calling the route in-process: the page sees what
 the REST API says, and nothing is computed twice. A route that fails gives ``null`` for its
-part and its message under ``errors`` (a route that raises is logged, as its 500 would be); one slower than :data:`SOURCE_TIMEOUT` keeps its last
-answer. The feed takes no query parameters (any is a 400 naming it).
+part and its message under ``errors`` (one that raises is logged, as its 500 would be); one
+slower than :data:`SOURCE_TIMEOUT` keeps its last answer. The feed takes no query parameters
+(any is a 400 naming it). It ends when the page goes away (or the node stops: Hypercorn's
+graceful timeout cuts it).
 """
 
 from __future__ import annotations
@@ -93,21 +95,23 @@ async def read_route(app: QuartTrio, target: str) -> tuple[object, str | None]:
         endpoint, args = app.url_map.bind("dashboard").match(path, method="GET")
     except Exception:  # werkzeug's NotFound / MethodNotAllowed: no such route on this node
         return None, f"{path} is not served by this node"
-    view = app.ensure_async(app.view_functions[endpoint])
+    view: Any = app.ensure_async(app.view_functions[endpoint])  # Quart's union adds nothing
     try:
         async with app.test_request_context(path, query_string=_query(query)):
-            response = await view(**args)
-        data = await response.get_data(as_text=True)
-        body = json.loads(data)
+            response = await app.make_response(await view(**args))
+        if not isinstance(response, Response):  # never: every route answers a Quart Response
+            raise TypeError(f"{path} answered {type(response).__name__}")
+        status = response.status_code
+        body = json.loads(await response.get_data(as_text=True))
     except ApiError as exc:
         return None, exc.message
     except Exception:  # a bug in a route: as its 500 would, it fails its part, not the feed
         log.exception("dashboard: reading %s failed", path)
         return None, f"{path} failed on this node (see its log)"
-    if response.status_code >= 400:
+    if status >= 400:
         error = body.get("error") if isinstance(body, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
-        return None, str(message or f"{path} answered {response.status_code}")
+        return None, str(message or f"{path} answered {status}")
     return body, None
 
 

@@ -85,6 +85,7 @@ export function installChat() {
           if (piece) {
             if (first === null) first = performance.now();
             text.textContent += piece;
+            answer.dataset.chunks = String(Number(answer.dataset.chunks || 0) + 1);
             log.scrollTop = log.scrollHeight;
           }
           if (choice.finish_reason) finish = choice.finish_reason;

@@ -3,8 +3,8 @@
 import { bytes, h, num, s, show } from "./dom.js";
 
 const W = 960;
-const H = 440;
-const CARD_W = 250;
+const H = 410;
+const CARD_W = 270;
 const CARD_H = 132;
 let selected = null; // the node whose health details are open
 
@@ -23,7 +23,7 @@ function positions(count) {
   const start = count === 2 ? Math.PI : -Math.PI / 2;
   return Array.from({ length: count }, (_, i) => {
     const angle = start + (2 * Math.PI * i) / count;
-    return [W / 2 + 330 * Math.cos(angle), H / 2 + 140 * Math.sin(angle)];
+    return [W / 2 + 330 * Math.cos(angle), H / 2 + 125 * Math.sin(angle)];
   });
 }
 
@@ -139,6 +139,7 @@ export function renderTopology(target, detailTarget, snap) {
     edges(rows, at, links, snap.node_id),
     rows.map((row, i) => card(row, at[i], leader, snap.node_id, instances, select)),
   );
-  show(target, svg);
+  const caption = h("p", { class: "muted small" }, `Links and RTT as ${snap.node_id} sees them (dotted: between two other nodes). Click a badge for its reasons.`);
+  show(target, svg, caption);
   detail(detailTarget, rows);
 }

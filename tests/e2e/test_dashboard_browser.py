@@ -1,0 +1,171 @@
+"""The dashboard in a real browser (headless Chromium, driven by Playwright) against three real
+nodes on loopback: the page served by A shows every node by id, places the demo model on B
+through its form and sees the runner reach ``ready``, streams a chat answer, and turns C's
+health badge to ``error`` once C is SIGKILLed; the browser console stays free of errors.
+
+Each step's screenshot is kept under ``test-artifacts/dashboard/`` (git-ignored; the
+``SKULK_TEST_ARTIFACTS`` environment variable moves it). Chromium is Debian's ``chromium``
+package (``.ci/run`` installs it when missing): Playwright's own browser download cannot run
+here, so the test launches it by path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import ConsoleMessage, Page, expect, sync_playwright
+
+from skulk.harness import NodeProcess
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "7c" * 32
+MODEL = "skulk-demo"
+DOWN_AFTER = 2.0  # --node-down-after, seconds
+#: What the badge may take beyond the down-after deadline: a telemetry round, the feed's tick
+#: and a slow shared CI machine.
+SLACK = 20.0
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(
+    os.environ.get("SKULK_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+
+
+@pytest.fixture(scope="module")
+def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("dash-cluster")
+    started: dict[str, NodeProcess] = {}
+
+    def start(name: str, *args: str) -> NodeProcess:
+        home = root / name
+        home.mkdir()
+        (home / "models").symlink_to(skulk_home / "models")  # one demo model for all
+        node = NodeProcess(home, *args, env={"SKULK_CLUSTER_SECRET": SECRET})
+        started[name] = node
+        return node.start(wait_ready=False)
+
+    try:
+        a = start("a", "--model", "none", "--node-down-after", str(DOWN_AFTER))
+        start("b", "--join", a.ws_url, "--model", "none")
+        start("c", "--join", a.ws_url, "--model", "none")
+
+        def all_up() -> bool:
+            rows = a.get("/v1/cluster/nodes").json()["nodes"]
+            return len([r for r in rows if r.get("status") == "up"]) == 3
+
+        a.wait_for(all_up, 90, "every node up in A's State")
+        yield started
+    finally:
+        for node in started.values():
+            node.stop()
+
+
+@pytest.fixture
+def page() -> Iterator[tuple[Page, list[str]]]:
+    """A fresh page, and the browser console's errors (and uncaught exceptions) as they come."""
+    errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(f"console: {message.text} at {message.location}")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+            tab.on("console", on_console)
+            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            yield tab, errors
+        finally:
+            browser.close()
+
+
+def snap(page: Page, name: str) -> None:
+    folder = ARTIFACTS / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=folder / f"{name}.png", full_page=True)
+
+
+def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
+    nodes: dict[str, NodeProcess], page: tuple[Page, list[str]]
+) -> None:
+    tab, errors = page
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    tab.goto(a.url + "/")
+    expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
+
+    # Topology: every node by id, each with a health badge; A's link to each peer has an RTT.
+    for node in (a, b, c):
+        card = tab.locator(f'[data-testid="node-{node.node_id}"]')
+        expect(card).to_contain_text(node.node_id, timeout=15_000)
+        expect(tab.locator(f'[data-testid="badge-{node.node_id}"]')).to_have_attribute(
+            "data-level", "ok"
+        )
+    expect(tab.locator(".rtt").first).to_contain_text("ms", timeout=15_000)
+    snap(tab, "1-topology")
+
+    # Placement: a dry run shows the plan (on B, with its memory arithmetic), then Place.
+    tab.fill("#place-model", MODEL)
+    tab.check(f'#place-nodes input[value="{b.node_id}"]')
+    tab.click("#preview")
+    plan = tab.locator('[data-testid="plan"]')
+    expect(plan).to_contain_text(b.node_id, timeout=30_000)
+    assert a.get("/v1/instances").json()["instances"] == []  # a preview commits nothing
+    snap(tab, "2-preview")
+    tab.click("#place")
+    expect(tab.locator('[data-testid="placed"]')).to_be_visible(timeout=30_000)
+    instance = a.get("/v1/instances").json()["instances"][0]
+    assert instance["shards"][0]["node"] == b.node_id
+    phase = tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')
+    expect(phase).to_have_text("ready", timeout=120_000)
+    snap(tab, "3-ready")
+
+    # Chat: the answer streams in (several chunks) and shows its TTFT and tokens/s.
+    expect(tab.locator(f'#chat-model option[value="{MODEL}"]')).to_have_count(1, timeout=30_000)
+    tab.select_option("#chat-model", MODEL)
+    tab.fill("#chat-input", "Tell me a story")
+    tab.click("#chat-send")
+    answer = tab.locator('[data-testid="answer"]').last
+    expect(answer).to_have_attribute("data-done", "true", timeout=60_000)
+    assert not answer.evaluate("el => el.classList.contains('failed')"), answer.inner_text()
+    assert answer.locator(".text").inner_text().strip()
+    assert int(answer.get_attribute("data-chunks") or 0) > 1
+    expect(answer.locator(".stats")).to_contain_text("TTFT")
+    expect(answer.locator(".stats")).to_contain_text("tok/s")
+    snap(tab, "4-chat")
+
+    # C dies: its badge turns error within the down-after deadline (plus the slack), with
+    # the reason and its remedy on click.
+    assert c.proc is not None
+    c.proc.send_signal(signal.SIGKILL)
+    c.wait_exit(10)
+    badge = tab.locator(f'[data-testid="badge-{c.node_id}"]')
+    expect(badge).to_have_attribute("data-level", "error", timeout=(DOWN_AFTER + SLACK) * 1000)
+    badge.click()
+    detail = tab.locator("#node-detail")
+    expect(detail).to_contain_text(c.node_id)
+    expect(detail).to_contain_text("What to do")
+    for node in (a, b):
+        level = tab.locator(f'[data-testid="badge-{node.node_id}"]').get_attribute("data-level")
+        assert level != "error", node.node_id
+    snap(tab, "5-node-down")
+
+    # The timeline shows the runner's events on a time axis.
+    expect(tab.locator('[data-testid="cluster-timeline"] circle.event').first).to_be_attached(
+        timeout=15_000
+    )
+    assert errors == [], errors
