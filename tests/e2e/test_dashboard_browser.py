@@ -169,3 +169,9 @@ def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
         timeout=15_000
     )
     assert errors == [], errors
+
+    # A refused preview shows the refusal's code and message (the browser logs the 404 itself).
+    tab.fill("#place-model", "no-such-model")
+    tab.click("#preview")
+    expect(tab.locator('[data-testid="refusal"]')).to_contain_text("unknown_model (404)")
+    assert all("404" in error for error in errors), errors

@@ -17,7 +17,7 @@ export async function refreshModels() {
   }
   const current = select.value;
   if ([...select.options].map((o) => o.value).join(",") !== ids.join(",")) {
-    show(select, ids.map((id) => h("option", { value: id }, id)));
+    show(select, ids.length ? ids.map((id) => h("option", { value: id }, id)) : h("option", { value: "" }, "no model placed"));
     if (ids.includes(current)) select.value = current;
   }
   const known = new Set(ids);

@@ -34,7 +34,8 @@ export function axis(events, nodeOf, testid) {
     const at = first + (span * i) / 4;
     ticks.push(s("line", { class: "tick", x1: x(at), x2: x(at), y1: 4, y2: height - 22 }));
     const label = span < 5 ? `+${((at - first) * 1000).toFixed(0)} ms` : clock(at);
-    ticks.push(s("text", { class: "small", x: x(at), y: height - 6, "text-anchor": "middle" }, label));
+    const anchor = i === 4 ? "end" : i === 0 ? "start" : "middle";
+    ticks.push(s("text", { class: "small", x: x(at), y: height - 6, "text-anchor": anchor }, label));
   }
   return s(
     "svg",

@@ -3,7 +3,6 @@
 import { bytes, h, num, s, show } from "./dom.js";
 
 const W = 960;
-const H = 410;
 const CARD_W = 270;
 const CARD_H = 132;
 let selected = null; // the node whose health details are open
@@ -18,13 +17,16 @@ export function health(row) {
   return { level: "ok", reasons: [] };
 }
 
+/** The cards' centres on an ellipse, and the height of the drawing that holds them. */
 function positions(count) {
-  if (count === 1) return [[W / 2, H / 2]];
   const start = count === 2 ? Math.PI : -Math.PI / 2;
-  return Array.from({ length: count }, (_, i) => {
+  const raw = Array.from({ length: count }, (_, i) => {
     const angle = start + (2 * Math.PI * i) / count;
-    return [W / 2 + 330 * Math.cos(angle), H / 2 + 125 * Math.sin(angle)];
+    return count === 1 ? [W / 2, 0] : [W / 2 + 330 * Math.cos(angle), 125 * Math.sin(angle)];
   });
+  const top = Math.min(...raw.map(([, y]) => y)) - CARD_H / 2 - 8;
+  const at = raw.map(([x, y]) => [x, y - top]);
+  return { at, height: Math.max(...at.map(([, y]) => y)) + CARD_H / 2 + 8 };
 }
 
 /** What a node serves: its gossiped runners, else the ranks the State places on it. */
@@ -67,8 +69,8 @@ function card(row, [x, y], leader, self, instances, onSelect) {
     "g",
     { class: `node${id === self ? " self" : ""}`, "data-testid": `node-${id}`, "data-level": level },
     s("rect", { class: "card", x: left, y: top, width: CARD_W, height: CARD_H, rx: 8 }),
-    text(21, `${id}${leader === id ? " ★" : ""}`, "id"),
-    text(38, `${row.hostname || "?"} · ${row.status || "?"}${leader === id ? " · leader" : ""}`, "muted"),
+    text(21, id, "id"),
+    text(38, `${row.hostname || "?"} · ${row.status || "?"}${leader === id ? " · ★ leader" : ""}`, "muted"),
     badge,
     total ? s("rect", { class: "membar", x: left + 10, y: top + 46, width: CARD_W - 20, height: 8, rx: 4 }) : null,
     total ? s("rect", { class: "memused", x: left + 10, y: top + 46, width: (CARD_W - 20) * usedShare, height: 8, rx: 4 }) : null,
@@ -128,14 +130,14 @@ export function renderTopology(target, detailTarget, snap) {
     show(target, h("p", { class: "muted" }, snap.errors && snap.errors.nodes ? snap.errors.nodes : "No nodes yet."));
     return;
   }
-  const at = positions(rows.length);
+  const { at, height } = positions(rows.length);
   const select = (id) => {
     selected = selected === id ? null : id;
     detail(detailTarget, rows);
   };
   const svg = s(
     "svg",
-    { viewBox: `0 0 ${W} ${H}`, class: "graph", role: "img", "aria-label": "cluster topology" },
+    { viewBox: `0 0 ${W} ${height}`, class: "graph", role: "img", "aria-label": "cluster topology" },
     edges(rows, at, links, snap.node_id),
     rows.map((row, i) => card(row, at[i], leader, snap.node_id, instances, select)),
   );
