@@ -175,3 +175,22 @@ def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
     tab.click("#preview")
     expect(tab.locator('[data-testid="refusal"]')).to_contain_text("unknown_model (404)")
     assert all("404" in error for error in errors), errors
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_then_goes_live(
+    skulk_home: Path, page: tuple[Page, list[str]]
+) -> None:
+    tab, errors = page
+    with NodeProcess(skulk_home, "--api-key", "dash-key") as node:
+        tab.goto(node.url + "/")  # the page itself needs no key
+        expect(tab.locator("#feed")).to_have_text("API key needed", timeout=15_000)
+        assert all("401" in error for error in errors), errors  # the feed's refusal, logged
+        tab.fill("#key", "dash-key")
+        tab.click('#key-form button[type="submit"]')
+        expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
+        expect(tab.locator(f'[data-testid="node-{node.node_id}"]')).to_contain_text(node.node_id)
+        expect(tab.locator(f'#chat-model option[value="{MODEL}"]')).to_have_count(1)
+        assert tab.evaluate("sessionStorage.getItem('skulk.apiKey')") == "dash-key"
+        snap(tab, "6-api-key")
+        tab.close()  # the feed ends with the page, before the node stops
+    assert all("401" in error for error in errors), errors
