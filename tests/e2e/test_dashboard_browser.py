@@ -11,14 +11,16 @@ here, so the test launches it by path.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
 
 from skulk.harness import NodeProcess
 
@@ -194,3 +196,71 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_goes_live(
         snap(tab, "6-api-key")
         tab.close()  # the feed ends with the page, before the node stops
     assert all("401" in error for error in errors), errors
+
+
+def contract_snapshot() -> dict[str, Any]:
+    """A feed snapshot as /v1/cluster/nodes answers with health and serving (the contract of
+    issue 21): node n1 warns (disk low) and serves rank 0 of i1; n2 has no health field (an
+    older node); n3 is a member with no readings."""
+    serving = {"instance_id": "i1", "model": "m", "rank": 0, "phase": "ready", "running": 2,
+               "waiting": 1, "kv_used_bytes": 256, "kv_capacity_bytes": 1024,
+               "tokens_per_s": 42.5, "ttft_p50_s": 0.125}  # fmt: skip
+    reason = {"code": "disk_low", "level": "warn", "message": "Only 1.2 GiB free for models.",
+              "remedy": "Free disk space under the models folder."}  # fmt: skip
+    n1 = {"node_id": "n1", "hostname": "h1", "status": "up", "age_s": 0.1, "cpu_count": 8,
+          "load_1m": 1.5, "memory_total_bytes": 2**34, "memory_available_bytes": 2**33,
+          "health": {"level": "warn", "reasons": [reason]}, "serving": [serving]}  # fmt: skip
+    n2 = {**n1, "node_id": "n2", "hostname": "h2"}
+    del n2["health"], n2["serving"]
+    n3 = {"node_id": "n3", "status": "down", "age_s": None,
+          "health": {"level": "error", "reasons": [{**reason, "code": "down", "level": "error",
+                     "message": "No telemetry for 5 s.", "remedy": "Restart the node."}]},
+          "serving": []}  # fmt: skip
+    shard = {"rank": 0, "node": "n1", "layers": [0, 2], "address": None,
+             "runner": {"phase": "ready", "failure": None, "bytes_done": None,
+                        "bytes_total": None}}  # fmt: skip
+    instance = {"id": "i1", "model": "m", "sharding": "single", "status": "ready",
+                "shards": [shard]}  # fmt: skip
+    return {"at": 1.0, "node_id": "n1", "nodes": {"nodes": [n1, n2, n3]},
+            "instances": {"instances": [instance]}, "links": {"links": []},
+            "raft": {"leader": "n1", "term": 3}, "timeline": None, "errors": {}}  # fmt: skip
+
+
+def test_the_page_renders_health_and_serving_as_the_contract_gives_them(
+    page: tuple[Page, list[str]],
+) -> None:
+    """The page alone (its files from the package, the API answered by the test): health
+    badges with reasons and remedies, and each rank's load, tokens/s, TTFT and KV use."""
+    from skulk.api._dashboard import ASSETS
+
+    tab, errors = page
+    feed = b"event: snapshot\ndata: " + json.dumps(contract_snapshot()).encode() + b"\n\n"
+
+    def answer(route: Route) -> None:
+        path = urlsplit(route.request.url).path
+        if path == "/" or path.startswith("/dashboard/"):
+            name = "index.html" if path == "/" else path.removeprefix("/dashboard/")
+            kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
+            route.fulfill(body=ASSETS[name], content_type=kind[name.rsplit(".", 1)[1]])
+        elif path == "/v1/dashboard/events":
+            route.fulfill(body=feed, content_type="text/event-stream")
+        elif path == "/v1/models":
+            route.fulfill(json={"object": "list", "data": [{"id": "m"}]})
+        else:
+            route.fulfill(json={"models": []})
+
+    tab.route("http://dash.test/**", answer)
+    tab.goto("http://dash.test/")
+    badge = tab.locator('[data-testid="badge-n1"]')
+    expect(badge).to_have_attribute("data-level", "warn", timeout=15_000)
+    assert "Free disk space" in badge.locator("title").text_content()  # type: ignore[operator]
+    expect(tab.locator('[data-testid="badge-n2"]')).to_have_attribute("data-level", "ok")
+    expect(tab.locator('[data-testid="badge-n3"]')).to_have_attribute("data-level", "error")
+    expect(tab.locator('[data-testid="node-n1"]')).to_contain_text("m r0 ready · 2/1 · 42.5 tok/s")
+    tab.locator('[data-testid="badge-n3"]').click()
+    expect(tab.locator("#node-detail")).to_contain_text("What to do: Restart the node.")
+    row = tab.locator('[data-testid="instance-i1-r0"]')
+    for shown in ("2 / 1", "42.5", "125 ms", "25.0 % of 1.0 KiB"):
+        expect(row).to_contain_text(shown)
+    snap(tab, "7-contract")
+    assert errors == [], errors
