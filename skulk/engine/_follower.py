@@ -183,7 +183,9 @@ class Follower:
     def _measure(self, op: ops.Measure) -> None:
         per_token = kv_bytes_per_token(self._get(op.key))
         load = self._load
-        mine = budget_tokens(load.kv_cache_bytes, load.prefix_cache_bytes, per_token, self._context)
+        mine = budget_tokens(
+            load.kv_cache_bytes, load.prefix_cache_bytes, per_token, self._context
+        )
         self._ring.all_min(mine)
 
     def _warmed(self, op: ops.Warmed) -> None:

@@ -194,10 +194,8 @@ def decode(words: Sequence[int]) -> list[Op]:
         fields = words[i + 1 : i + 1 + n]
         if len(fields) != n:
             raise OpsError(f"op {cls.__name__} cut short at word {i}")
-        values = [
-            bool(v) if f.type in ("bool", bool) else int(v)
-            for f, v in zip(attrs.fields(cls), fields, strict=True)
-        ]
+        values = [bool(v) if f.type in ("bool", bool) else int(v)
+                  for f, v in zip(attrs.fields(cls), fields, strict=True)]
         ops.append(cls(*values))
         i += 1 + n
     return ops

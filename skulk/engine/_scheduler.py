@@ -347,3 +347,4 @@ def finished(row: Row, reason: FinishReason) -> Finished:
     its text when it offered tools (:mod:`skulk.engine._tool_parse`)."""
     end = GenerationEnd(reason, row.usage(), row.out.stop_sequence)
     return Finished(row.request_id, end if row.tool_text is None else row.tool_text.finish(end))
+

@@ -106,3 +106,5 @@ def _serve(link: Link, engine: Engine, faults: Faults, scheduler: Scheduler) -> 
                 return 3
         scheduler.advance()
         link.beat()
+
+
