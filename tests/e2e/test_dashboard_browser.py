@@ -172,6 +172,17 @@ def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
     )
     assert errors == [], errors
 
+    # Through another node: the same cluster, C still in error, B's link to A measured.
+    tab.goto(b.url + "/")
+    expect(tab.locator("#via")).to_have_text(f"via {b.node_id}", timeout=15_000)
+    for node in (a, b, c):
+        expect(tab.locator(f'[data-testid="node-{node.node_id}"]')).to_contain_text(node.node_id)
+    expect(tab.locator(f'[data-testid="badge-{c.node_id}"]')).to_have_attribute(
+        "data-level", "error"
+    )
+    expect(tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')).to_have_text("ready")
+    assert errors == [], errors
+
     # A refused preview shows the refusal's code and message (the browser logs the 404 itself).
     tab.fill("#place-model", "no-such-model")
     tab.click("#preview")
