@@ -2,7 +2,8 @@
 (``install_*(app, ...)``): the client formats (OpenAI Chat Completions, Completions and
 Responses; Anthropic Messages; Ollama; embeddings; the WebSocket), each through the router to
 any model of the cluster; the node's health and diagnostics; the mesh and cluster routes; the
-OpenAPI document; ``/metrics`` (Prometheus).
+OpenAPI document; ``/metrics`` (Prometheus); the dashboard at ``/``
+(:mod:`skulk.api._dashboard`).
 
 Every request runs under :class:`~skulk.api._guard.RequestGuard` (whole body first, one log
 line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http_errors`).
@@ -18,6 +19,7 @@ from quart_trio import QuartTrio
 from skulk.api._anthropic_routes import install_anthropic_routes
 from skulk.api._auth import install_api_keys
 from skulk.api._cluster_routes import install_cluster_routes
+from skulk.api._dashboard import install_dashboard
 from skulk.api._diagnostic_routes import install_request_route, install_timeline_route
 from skulk.api._embeddings import install_embedding_routes
 from skulk.api._guard import RequestGuard
@@ -96,4 +98,5 @@ def create_app(
     install_ollama_routes(app, router, generations.start, read_body)
     install_embedding_routes(app, router, read_body)
     install_websocket_route(app, generations.start, generations.start_choices)
+    install_dashboard(app, router.node_id)  # the page at / and its live feed
     return app
