@@ -21,7 +21,9 @@ of that request on every reachable node, oldest first, each ``{"at", "node_id", 
 "detail", "model", "instance", "rank", "incarnation"}``. Events with ``incarnation`` 0 are the
 node's own (``request.received``, ``request.routed``, ``route.hop``, ``route.stream``,
 ``route.arrived``, ``request.admitted``, ``request.done``, ``request.error``); the others are
-a runner's flight recorder's (``request.start``: queued on the runner, ``request.first_token``,
+a runner's flight recorder's (``request.start``: sent to the runner, ``request.admitted_kv``:
+admitted to its KV budget after waiting in its queue, ``request.prefill``: one prefill chunk,
+with the prompt tokens computed so far, ``request.first_token``,
 ``request.finish`` with its token counts, ``request.fail``, ``request.cancel``). An id that is
 not a valid request id is a 400 naming ``request_id``; an id no node has an event for, a 404
 (``request_not_found``). Nodes keep a bounded number of events: an old request is forgotten.

@@ -41,6 +41,7 @@ from skulk.wire.runner import (
     Generate,
     GenerationEnd,
     Load,
+    PrefillProgress,
     RequestFailed,
     TokenChunk,
     Tokenize,
@@ -179,6 +180,10 @@ class Scheduler:
             cache, reused = hit
             row.cached_tokens = reused
             self.prefills.append(Prefill(self._engine, row, cache, reused))
+        self._prefill_progress(row)
+
+    def _prefill_progress(self, row: Row) -> None:
+        self._link.send(PrefillProgress(row.request_id, row.fed, row.out.prompt_tokens))
 
     def _release(self, row: Row) -> None:
         """Give ``row``'s KV bytes back and admit the queued requests that now fit, in order."""
@@ -216,6 +221,7 @@ class Scheduler:
             self._release(row)
             self._fail(row.request_id, "engine_error", f"prefill failed: {exc}")
             return
+        self._prefill_progress(row)
         if first is None:  # a whole chunk, evaluated: its time is the model's prefill speed
             self.pacer.record(row.fed - fed, time.perf_counter() - started)
             self._faults.hit("prefill", prefill.chunks)

@@ -21,7 +21,14 @@ import trio
 
 from skulk.runner._recorder import FlightRecorder
 from skulk.tracing import current_request_id
-from skulk.wire.runner import Embedded, Finished, RequestFailed, TokenChunk, Tokenized
+from skulk.wire.runner import (
+    Embedded,
+    Finished,
+    PrefillProgress,
+    RequestFailed,
+    TokenChunk,
+    Tokenized,
+)
 
 RequestEvent = TokenChunk | Finished | Tokenized | Embedded | RequestFailed
 #: Chunks buffered per request; a consumer that falls this far behind is failed with
@@ -56,6 +63,7 @@ class RequestTable:
         #: Seconds from send to first token of the last :data:`RECENT_TTFTS` requests.
         self.ttfts: deque[float] = deque(maxlen=RECENT_TTFTS)
         self._sent_at: dict[str, float] = {}  # request id → when it went to the runner
+        self._admitted: set[str] = set()  # in flight, and in the runner's KV budget
         #: The id each request is recorded under: the API request's id (x-request-id) when it
         #: was started while one was handled, else its own.
         self._names: dict[str, str] = {}
@@ -96,6 +104,7 @@ class RequestTable:
     def forget(self, request_id: str) -> bool:
         """Drop a request the runner never received; True when it was in flight."""
         self._sent_at.pop(request_id, None)
+        self._admitted.discard(request_id)
         if self.inflight.pop(request_id, None) is None:
             return False
         self._recorder.record("request.fail", "never sent", self._name(request_id))
@@ -110,6 +119,27 @@ class RequestTable:
     def late_cancels(self, now: float) -> list[str]:
         """The requests whose Cancel is unanswered past its deadline, sorted."""
         return sorted(r for r, d in self.pending_cancels.items() if d <= now)
+
+    def prefilled(self, frame: PrefillProgress) -> None:
+        """Write a request's admission to the KV budget (its first ``PrefillProgress``) or one
+        of its prefill chunks into the flight recorder; a frame for a request not in flight is
+        ignored."""
+        rid = frame.request_id
+        if rid not in self.inflight:
+            return
+        if rid in self._admitted:
+            self._recorder.record(
+                "request.prefill", f"{frame.done} of {frame.total} prompt tokens", self._name(rid)
+            )
+            return
+        self._admitted.add(rid)
+        waited = trio.current_time() - self._sent_at.get(rid, trio.current_time())
+        self._recorder.record(
+            "request.admitted_kv",
+            f"after {waited:.3f} s on the runner; {frame.done} of {frame.total} prompt tokens "
+            "from the prefix cache",
+            self._name(rid),
+        )
 
     def deliver(self, frame: RequestEvent) -> Delivery:
         """Hand ``frame`` to its request's consumer, without waiting."""
@@ -139,6 +169,7 @@ class RequestTable:
         else:
             del self.inflight[rid]
             self._sent_at.pop(rid, None)
+            self._admitted.discard(rid)
             self._record_end(frame)
             idle = not self.inflight
         send = self._channels.get(rid)
@@ -172,6 +203,7 @@ class RequestTable:
         self._channels.clear()
         self.inflight.clear()
         self._sent_at.clear()
+        self._admitted.clear()
         self.pending_cancels.clear()
         self._names.clear()
 

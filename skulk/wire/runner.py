@@ -39,7 +39,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -312,6 +312,18 @@ class GenerationEnd:
 
 
 @attrs.frozen
+class PrefillProgress:
+    """Request ``request_id``'s prompt is being computed: ``done`` of its ``total`` tokens are
+    in its KV cache. Sent once when the request is admitted to the KV budget (``done``: the
+    tokens a prefix-cache hit reused, often 0) and after each prefill chunk (the last with
+    ``done == total``). It only marks the request's timeline; nothing waits for it."""
+
+    request_id: str
+    done: int
+    total: int
+
+
+@attrs.frozen
 class Finished:
     """Request ``request_id`` ended, as ``end`` says."""
 
@@ -454,6 +466,7 @@ FromRunner = (
     | Loaded
     | WarmedUp
     | TokenChunk
+    | PrefillProgress
     | Finished
     | Tokenized
     | Embedded

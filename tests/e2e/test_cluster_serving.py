@@ -330,6 +330,7 @@ def test_one_request_is_followed_across_the_nodes(cluster: Cluster) -> None:
     wanted = {
         (a.node_id, "request.received"), (a.node_id, "request.routed"), (a.node_id, "route.hop"),
         (b.node_id, "route.arrived"), (b.node_id, "request.start"),
+        (b.node_id, "request.admitted_kv"), (b.node_id, "request.prefill"),
         (b.node_id, "request.first_token"), (b.node_id, "request.finish"),
         (a.node_id, "request.done"),
     }  # fmt: skip

@@ -36,7 +36,7 @@ from skulk.tracing import (
     serving,
 )
 from skulk.wire.diagnostics import TimelineAsk, TimelineEvent
-from skulk.wire.runner import Finished, GenerationEnd, TokenChunk, Usage
+from skulk.wire.runner import Finished, GenerationEnd, PrefillProgress, TokenChunk, Usage
 from tests.unit.test_api_guard import App, Peer, guard, scope
 
 # ---- ids -------------------------------------------------------------------------------------
@@ -271,18 +271,26 @@ async def _names_the_api_request() -> None:
         table.start("internal-1")
     table.open("internal-2")
     table.start("internal-2")  # outside an API request: its own id, as before
+    table.prefilled(PrefillProgress("internal-1", 2, 3))  # admitted, 2 tokens from the cache
+    table.prefilled(PrefillProgress("internal-1", 3, 3))  # its one chunk
+    table.prefilled(PrefillProgress("stranger", 0, 3))  # not in flight: ignored
     table.deliver(TokenChunk("internal-1", (1,), "a"))
     table.deliver(Finished("internal-1", GenerationEnd("stop", Usage(3, 1, 2))))
     table.deliver(Finished("internal-2", GenerationEnd("length", Usage(3, 1))))
+    table.prefilled(PrefillProgress("internal-2", 0, 3))  # after its end: ignored
     named = [(e.kind, e.request_id) for e in recorder.events()]
     assert named == [
         ("request.start", "client-7"), ("request.start", "internal-2"),
+        ("request.admitted_kv", "client-7"), ("request.prefill", "client-7"),
         ("request.first_token", "client-7"), ("request.finish", "client-7"),
         ("request.finish", "internal-2"),
     ]  # fmt: skip
-    assert recorder.events()[0].detail == "runner request internal-1"
-    assert "prompt 3, 2 cached" in recorder.events()[3].detail
-    assert table._names == {}  # every id is free again: nothing kept
+    events = recorder.events()
+    assert events[0].detail == "runner request internal-1"
+    assert events[2].detail.endswith("2 of 3 prompt tokens from the prefix cache")
+    assert events[3].detail == "3 of 3 prompt tokens"
+    assert "prompt 3, 2 cached" in events[5].detail
+    assert table._names == {} and table._admitted == set()  # nothing kept
 
 
 # ---- one request's timeline ---------------------------------------------------------------------
