@@ -1,0 +1,72 @@
+"""Blob file primitives: copy while hashing, link or copy into a model directory, hash."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+_BLOCK = 8 * 1024 * 1024
+#: A hard link refused for these reasons falls back to a copy (a file system without links,
+#: a different file system, too many links to one inode).
+_NO_LINK = frozenset(
+    {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
+)
+READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+
+
+def copy_hashing(src: Path, dst: Path, progress: Callable[[int], None] | None = None) -> str:
+    """Copy ``src`` to ``dst`` (replaced), fsync it, and return the sha256 (hex) of the bytes
+    written: the copy's true content, whatever happens to ``src`` meanwhile. ``progress`` gets
+    the bytes copied so far after each block."""
+    digest = hashlib.sha256()
+    done = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        buf = bytearray(_BLOCK)
+        view = memoryview(buf)
+        while n := fin.readinto(buf):
+            fout.write(view[:n])
+            digest.update(view[:n])
+            done += n
+            if progress is not None:
+                progress(done)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return digest.hexdigest()
+
+
+def hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        buf = bytearray(_BLOCK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def link_or_copy(blob: Path, dst: Path) -> bool:
+    """Make ``dst`` a hard link to ``blob``; where the file system refuses, a read-only,
+    fsynced copy. Returns whether it is a link."""
+    try:
+        os.link(blob, dst)
+        return True
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+    shutil.copyfile(blob, dst)
+    os.chmod(dst, READ_ONLY)
+    with open(dst, "rb") as f:
+        os.fsync(f.fileno())
+    return False
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
