@@ -341,14 +341,18 @@ class ModelStore:
                 if bad & _blob_sizes(self._manifests[e.sha256]).keys()
                 or (bad_copies and e.sha256 == entry.sha256)
             ]
-            for sha in users:  # first the models go (never served again), then the blobs
-                dropped.append(self._stored(self._find(sha)))
-                self._drop(sha)
+            # The bad blobs go first: after a crash here, opening the store drops the models
+            # whose blobs are missing, so no bad byte is ever kept under a good name.
             for blob in bad:
                 self._pending.discard(blob)
                 self._loose.pop(blob, None)
                 with contextlib.suppress(FileNotFoundError):
                     (self._blobs / blob).unlink()
+            if bad:
+                fsync_directory(self._blobs)
+            for sha in users:
+                dropped.append(self._stored(self._find(sha)))
+                self._drop(sha)
         corrupt = tuple(bad_blobs) + tuple(bad_copies)
         return VerifyReport(entry.sha256, checked, corrupt, tuple(dropped))
 
@@ -437,9 +441,6 @@ class ModelStore:
 
     def _recover(self) -> Index:
         """Repair what a crash left and load the index (see the class doc)."""
-        for child in self._models.iterdir():
-            if child.name.startswith((".tmp-", ".gone-")):
-                shutil.rmtree(child, ignore_errors=True)
         for child in self._blobs.iterdir():
             if not is_sha256_hex(child.name):
                 child.unlink()
@@ -448,7 +449,7 @@ class ModelStore:
         present: dict[str, Manifest] = {}
         for child in self._models.iterdir():
             manifest = _read_model_manifest(child)
-            if manifest is None:
+            if manifest is None:  # half built (.tmp-*), half removed (.gone-*), or damaged
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 present[child.name] = manifest
