@@ -24,9 +24,9 @@ of one, and opening the store repairs the rest (:class:`ModelStore`).
 """
 
 from skulk.store._errors import MissingBlobs, ModelInUse, NotStored, StoreError, StoreFull
+from skulk.store._layout import MANIFEST_NAME
 from skulk.store._store import (
     DEFAULT_RESERVE_BYTES,
-    MANIFEST_NAME,
     ModelStore,
     Progress,
     StoredModel,

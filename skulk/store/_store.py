@@ -31,24 +31,25 @@ from skulk.models import (
 from skulk.store._blobs import READ_ONLY, copy_hashing, hash_file, link_or_copy, same_file
 from skulk.store._errors import MissingBlobs, ModelInUse, NotStored, StoreFull
 from skulk.store._index import (
-    EMPTY,
-    INDEX_VERSION,
     Index,
     IndexEntry,
     check_name,
     find,
     is_sha256_hex,
     plan_eviction,
-    read_index,
     with_entry,
     without,
     write_index,
 )
+from skulk.store._layout import (
+    IMPORT_PREFIX,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    blob_sizes,
+    recover,
+)
 from skulk.wire.transfer import Manifest
 
-#: The canonical manifest bytes kept in every model directory (they hash to its name).
-MANIFEST_NAME = ".skulk-manifest.cbor"
-INDEX_NAME = "index.cbor"
 #: Free disk space kept aside by default: the store never plans to fill the disk.
 DEFAULT_RESERVE_BYTES = 1024 * 1024 * 1024
 _STAGING_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -89,9 +90,10 @@ class ModelStore:
     """The model store under ``root`` (created if absent), with at most ``budget_bytes`` of
     blobs (``None``: limited by the disk only) and ``reserve_bytes`` of the disk always left
     free. ``disk_free`` (free bytes of the store's file system) and ``clock`` (wall time) are
-    for tests. Opening repairs what a crash left: temporary model directories are deleted, the
-    index forgets models whose directory is gone and adopts complete directories it does not
-    list (without names), and a damaged index is rebuilt from the directories."""
+    for tests. Opening repairs what a crash left: incomplete model directories and import
+    staging are deleted, the index forgets models whose directory is gone and adopts complete
+    directories it does not list (without names), and a damaged index is rebuilt from the
+    directories."""
 
     def __init__(
         self,
@@ -113,12 +115,11 @@ class ModelStore:
         self._blobs = root / "blobs"
         self._models = root / "models"
         self._staging = root / "staging"
-        for d in (self._blobs, self._models, self._staging):
-            d.mkdir(parents=True, exist_ok=True)
-        self._manifests: dict[str, Manifest] = {}
+        recovered = recover(root)
+        self._index = recovered.index
+        self._manifests = recovered.manifests
+        self._loose = recovered.loose  # blobs no stored model uses
         self._pending: set[str] = set()  # blobs added for a commit still to come
-        self._index = self._recover()
-        self._loose = self._scan_loose()
 
     # ---- blobs and staging -------------------------------------------------------------------
 
@@ -217,7 +218,8 @@ class ModelStore:
         if not (src / "config.json").is_file():
             raise ManifestInvalid(f"{src} is not a model directory (no config.json)")
         local = local_manifest(src, manifest_cache)
-        key = "import-" + hashlib.sha256(str(src).encode()).hexdigest()[:16]
+        where = hashlib.sha256(str(src).encode()).hexdigest()[:12]
+        key = f"{IMPORT_PREFIX}{where}-{secrets.token_hex(4)}"  # each import its own
         stage = self.staging(key)
         try:
             self._copy_missing(src, stage, local.manifest, progress)
@@ -279,7 +281,7 @@ class ModelStore:
             room, limit = self._room()
             if nbytes <= room:
                 return []
-            blobs_of = {sha: _blob_sizes(m) for sha, m in self._manifests.items()}
+            blobs_of = {sha: blob_sizes(m) for sha, m in self._manifests.items()}
             plan = plan_eviction(self._index, blobs_of, nbytes - room, in_use, self._pending)
             if not plan.enough:
                 raise StoreFull(nbytes, room, plan.reclaimable, limit=limit)
@@ -338,7 +340,7 @@ class ModelStore:
             users = [
                 e.sha256
                 for e in self._index.models
-                if bad & _blob_sizes(self._manifests[e.sha256]).keys()
+                if bad & blob_sizes(self._manifests[e.sha256]).keys()
                 or (bad_copies and e.sha256 == entry.sha256)
             ]
             # The bad blobs go first: after a crash here, opening the store drops the models
@@ -374,12 +376,12 @@ class ModelStore:
         self._index = index
 
     def _is_referenced(self, blob: str) -> bool:
-        return any(blob in _blob_sizes(m) for m in self._manifests.values())
+        return any(blob in blob_sizes(m) for m in self._manifests.values())
 
     def _referenced_bytes(self) -> int:
         sizes: dict[str, int] = {}
         for manifest in self._manifests.values():
-            sizes.update(_blob_sizes(manifest))
+            sizes.update(blob_sizes(manifest))
         return sum(sizes.values())
 
     def _room(self) -> tuple[int, str]:
@@ -427,7 +429,7 @@ class ModelStore:
         manifest = self._manifests.pop(sha)
         shutil.rmtree(gone, ignore_errors=True)
         deleted = False
-        for blob, size in _blob_sizes(manifest).items():
+        for blob, size in blob_sizes(manifest).items():
             if self._is_referenced(blob):
                 continue
             if blob in self._pending:
@@ -438,39 +440,6 @@ class ModelStore:
                 deleted = True
         if deleted:
             fsync_directory(self._blobs)
-
-    def _recover(self) -> Index:
-        """Repair what a crash left and load the index (see the class doc)."""
-        for child in self._blobs.iterdir():
-            if not is_sha256_hex(child.name):
-                child.unlink()
-        index = read_index(self.root / INDEX_NAME)
-        loaded = index if index is not None else EMPTY
-        present: dict[str, Manifest] = {}
-        for child in self._models.iterdir():
-            manifest = _read_model_manifest(child)
-            if manifest is None:  # half built (.tmp-*), half removed (.gone-*), or damaged
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                present[child.name] = manifest
-        kept = [e for e in loaded.models if e.sha256 in present]
-        listed = {e.sha256 for e in kept}
-        adopted = [
-            IndexEntry(sha, sum(_blob_sizes(m).values()), 0.0, ())
-            for sha, m in present.items()
-            if sha not in listed
-        ]
-        self._manifests = present
-        recovered = Index(INDEX_VERSION, tuple(sorted(kept + adopted, key=lambda e: e.sha256)))
-        if recovered != index:
-            write_index(self.root / INDEX_NAME, recovered)
-        return recovered
-
-    def _scan_loose(self) -> dict[str, int]:
-        referenced: set[str] = set()
-        for manifest in self._manifests.values():
-            referenced |= _blob_sizes(manifest).keys()
-        return {p.name: p.stat().st_size for p in self._blobs.iterdir() if p.name not in referenced}
 
     def _copy_missing(
         self, src: Path, stage: Path, manifest: Manifest, progress: Progress | None
@@ -494,26 +463,3 @@ class ModelStore:
             for f in manifest.files:
                 if self.has_blob(f.sha256.hex()):
                     self._pending.add(f.sha256.hex())
-
-
-def _blob_sizes(manifest: Manifest) -> dict[str, int]:
-    return {f.sha256.hex(): f.size for f in manifest.files}
-
-
-def _read_model_manifest(directory: Path) -> Manifest | None:
-    """The manifest of a model directory if it is complete (every file there, every blob in
-    the store) and named by its hash."""
-    if not is_sha256_hex(directory.name) or not directory.is_dir():
-        return None
-    try:
-        body = (directory / MANIFEST_NAME).read_bytes()
-        if manifest_sha256(body) != directory.name:
-            return None
-        manifest = decode_manifest(body)
-    except (OSError, ManifestInvalid):
-        return None
-    blobs = directory.parent.parent / "blobs"
-    for f in manifest.files:
-        if not (directory / f.name).is_file() or not (blobs / f.sha256.hex()).is_file():
-            return None
-    return manifest

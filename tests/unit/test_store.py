@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import struct
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -334,3 +335,53 @@ def test_prune_deletes_loose_blobs_of_a_download_that_never_committed(tmp_path: 
             store.staging(bad)
     with pytest.raises(ValueError):
         store.blob_path("../" + "0" * 61)
+
+
+def test_a_hub_cache_snapshot_of_symlinks_is_imported_as_copies(tmp_path: Path) -> None:
+    """As in ``~/.cache/huggingface/hub``: snapshot files are links to ``../../blobs/<etag>``;
+    the store copies their content (a later change there cannot reach a blob)."""
+    hub_blobs = make_model(tmp_path / "repo" / "blobs", {"a": safetensors(b"\x09" * 32)})
+    snapshot = tmp_path / "repo" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to(hub_blobs / "config.json")
+    (snapshot / "model.safetensors").symlink_to(hub_blobs / "a")
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+    model = store.import_directory(snapshot, "org/repo")
+    assert_complete(model)
+    served = model.directory / "model.safetensors"
+    assert not served.is_symlink() and not os.path.samefile(served, hub_blobs / "a")
+    (hub_blobs / "a").write_bytes(b"changed")
+    assert store.verify("org/repo").ok
+
+
+def test_a_damaged_index_is_rebuilt_from_the_model_directories(tmp_path: Path) -> None:
+    store, models = three_models(tmp_path, reserve_bytes=0)
+    (store.root / "index.cbor").write_bytes(b"\xff garbage")
+    (store.root / "models" / ("0" * 64)).mkdir()  # not a model: deleted
+    reopened = ModelStore(store.root, reserve_bytes=0)
+    assert sorted(m.sha256 for m in reopened.models()) == sorted(m.sha256 for m in models)
+    assert all(m.names == () and m.last_used == 0.0 for m in reopened.models())
+    assert sorted(p.name for p in (store.root / "models").iterdir()) == sorted(
+        m.sha256 for m in models
+    )
+    assert reopened.lookup("m0") is None  # names are lost with the index; hashes are not
+    assert reopened.import_directory(tmp_path / "m0", "m0").sha256 == models[0].sha256
+
+
+def test_concurrent_imports_of_one_directory_both_succeed(tmp_path: Path) -> None:
+    src = make_model(tmp_path / "src", {"model.safetensors": safetensors(b"\x0a" * 4096)})
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+    results: list[StoredModel] = []
+    threads = [
+        threading.Thread(target=lambda n=n: results.append(store.import_directory(src, n)))
+        for n in ("a", "b", "c")
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 3 and len({m.sha256 for m in results}) == 1
+    (model,) = store.models()
+    assert sorted(model.names) == ["a", "b", "c"]
+    assert_complete(model)
+    assert list((store.root / "staging").iterdir()) == []
