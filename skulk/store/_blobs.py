@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 from collections.abc import Callable
@@ -49,19 +51,27 @@ def hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def link_or_copy(blob: Path, dst: Path) -> bool:
-    """Make ``dst`` a hard link to ``blob``; where the file system refuses, a read-only,
-    fsynced copy. Returns whether it is a link."""
+def link_or_copy(src: Path, dst: Path) -> bool:
+    """Make ``dst`` a hard link to ``src``; where the file system refuses, a read-only, fsynced
+    copy, written aside and renamed (so ``dst`` never holds part of the bytes). Returns whether
+    it is a link."""
     try:
-        os.link(blob, dst)
+        os.link(src, dst)
         return True
     except OSError as exc:
         if exc.errno not in _NO_LINK:
             raise
-    shutil.copyfile(blob, dst)
-    os.chmod(dst, READ_ONLY)
-    with open(dst, "rb") as f:
-        os.fsync(f.fileno())
+    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, READ_ONLY)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return False
 
 

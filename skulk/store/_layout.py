@@ -22,7 +22,8 @@ from skulk.wire.transfer import Manifest
 #: The canonical manifest bytes kept in every model directory (they hash to its name).
 MANIFEST_NAME = ".skulk-manifest.cbor"
 INDEX_NAME = "index.cbor"
-#: Staging directories of imports (which never resume: they are deleted on opening).
+#: Staging directories of imports (which never resume: they are deleted on opening; so are
+#: discarded ones, renamed ``.gone-*``).
 IMPORT_PREFIX = "import-"
 
 
@@ -49,7 +50,7 @@ def recover(root: Path) -> Recovered:
     for d in (blobs, models, staging):
         d.mkdir(parents=True, exist_ok=True)
     for child in staging.iterdir():
-        if child.name.startswith(IMPORT_PREFIX):
+        if child.name.startswith((IMPORT_PREFIX, ".gone-")):
             shutil.rmtree(child, ignore_errors=True)
     for child in blobs.iterdir():
         if not is_sha256_hex(child.name):

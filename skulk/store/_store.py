@@ -15,7 +15,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import attrs
@@ -134,31 +134,51 @@ class ModelStore:
     def staging(self, key: str) -> Path:
         """The staging directory ``staging/<key>/`` (created if absent; what a previous attempt
         left there stays, so a download resumes). ``key`` is a plain name."""
-        if not _STAGING_KEY.match(key):
-            raise ValueError(f"a staging key must be a plain name: {key!r}")
-        path = self._staging / key
+        path = self._staging_path(key)
         path.mkdir(exist_ok=True)
         return path
 
     def discard_staging(self, key: str) -> None:
-        shutil.rmtree(self.staging(key), ignore_errors=True)
+        """Delete a staging directory: renamed aside first, so a crash never leaves part of
+        one under its key (what is aside is deleted when the store is opened)."""
+        gone = self._staging / f".gone-{secrets.token_hex(6)}"
+        try:
+            os.replace(self._staging_path(key), gone)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def _staging_path(self, key: str) -> Path:
+        if not _STAGING_KEY.match(key):
+            raise ValueError(f"a staging key must be a plain name: {key!r}")
+        return self._staging / key
 
     def add_verified_file(self, path: Path, sha256: str) -> Path:
         """Move ``path`` (whose sha256 the caller checked; on the store's file system, e.g. in
         :meth:`staging`) into the store as the blob ``sha256``, read-only and fsynced, and
         return the blob's path. A blob already there is kept and ``path`` deleted. The blob is
         kept (not pruned, not deleted with a removed model) until a :meth:`commit` uses it."""
+        return self._add_blob(path, sha256, keep=False)
+
+    def _add_blob(self, path: Path, sha256: str, *, keep: bool) -> Path:
+        """``path`` becomes the blob ``sha256``: renamed, or with ``keep`` hard-linked (copied
+        where links are refused) so that ``path`` stays until its directory is discarded."""
         blob = self.blob_path(sha256)
+        if not blob.is_file():  # durable before it is a blob (outside the lock: it is slow)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            os.chmod(path, READ_ONLY)
         with self._lock:
             self._pending.add(sha256)
             if blob.is_file():
-                path.unlink()
+                if not keep:
+                    path.unlink()
                 return blob
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-                size = os.fstat(f.fileno()).st_size
-            os.chmod(path, READ_ONLY)
-            os.replace(path, blob)
+            size = path.stat().st_size
+            if keep:
+                link_or_copy(path, blob)
+            else:
+                os.replace(path, blob)
             fsync_directory(self._blobs)
             if not self._is_referenced(sha256):
                 self._loose[sha256] = size
@@ -230,6 +250,34 @@ class ModelStore:
                 return self.commit(local.body, (name,))
         finally:
             self.discard_staging(key)
+
+    def commit_staging(
+        self, key: str, names: Collection[str], expected: Mapping[str, str] | None = None
+    ) -> StoredModel:
+        """Store the model downloaded into :meth:`staging` ``key`` (e.g. a Hub snapshot) and
+        delete the staging directory: its manifest is computed (this hashes every file once),
+        every file is checked against ``expected`` (file name → sha256 hex, as the download
+        verified them: both must list the same files) and hard-linked into the store (so a
+        crash before the end leaves the staging directory whole for a retry), then the model is
+        committed under ``names``. Raises ``ManifestInvalid`` naming the file that does not
+        match (the staging directory is kept: delete it, or fetch that file again)."""
+        stage = self.staging(key)
+        if not (stage / "config.json").is_file():
+            raise ManifestInvalid(f"staging {key!r} holds no model (no config.json)")
+        local = local_manifest(stage)
+        hashes = {f.name: f.sha256.hex() for f in local.manifest.files}
+        if expected is not None:
+            for name in sorted(hashes.keys() | expected.keys()):
+                if hashes.get(name) != expected.get(name):
+                    raise ManifestInvalid(
+                        f"staging {key!r}: file {name!r} is not what the download verified "
+                        f"(expected {expected.get(name)}, found {hashes.get(name)})"
+                    )
+        for name, sha in hashes.items():
+            self._add_blob(stage / name, sha, keep=True)
+        model = self.commit(local.body, names)
+        self.discard_staging(key)
+        return model
 
     def lookup(self, name_or_hash: str) -> StoredModel | None:
         with self._lock:

@@ -3,6 +3,7 @@ remove refused in use, least-recently-used eviction within a budget and the disk
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -385,3 +386,58 @@ def test_concurrent_imports_of_one_directory_both_succeed(tmp_path: Path) -> Non
     assert sorted(model.names) == ["a", "b", "c"]
     assert_complete(model)
     assert list((store.root / "staging").iterdir()) == []
+
+
+def test_a_staged_download_is_committed_by_rename_checked_against_its_verified_hashes(
+    tmp_path: Path,
+) -> None:
+    src = make_model(tmp_path / "src", {"model.safetensors": safetensors(b"\x0b" * 512)})
+    hashes = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in src.iterdir()}
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+
+    def stage(key: str) -> Path:
+        staged = store.staging(key)
+        for p in src.iterdir():
+            shutil.copyfile(p, staged / p.name)
+        (staged / ".cache").mkdir()  # what hf_hub_download(local_dir=…) leaves: ignored
+        return staged
+
+    staged = stage("dl-bad")
+    with pytest.raises(ManifestInvalid, match=r"'model\.safetensors'"):
+        store.commit_staging("dl-bad", ["org/repo"], {**hashes, "model.safetensors": "0" * 64})
+    with pytest.raises(ManifestInvalid, match=r"'tokenizer\.json'"):  # not downloaded
+        store.commit_staging("dl-bad", ["org/repo"], {**hashes, "tokenizer.json": "0" * 64})
+    assert (staged / "model.safetensors").is_file() and store.models() == []
+    assert blob_files(store.root) == {}
+    stage("dl-good")
+    model = store.commit_staging("dl-good", ["org/repo@abc", "org/repo"], hashes)
+    assert model.sha256 == local_manifest(src).sha256
+    assert model.names == ("org/repo@abc", "org/repo")
+    assert_complete(model)
+    assert not (store.root / "staging" / "dl-good").exists()
+    assert set(blob_files(store.root)) == set(hashes.values())
+
+
+def test_where_links_are_refused_models_hold_verified_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(src: object, dst: object) -> None:
+        raise PermissionError(errno.EPERM, "no links here")
+
+    monkeypatch.setattr(os, "link", refuse)
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+    src = make_model(tmp_path / "m", {"model.safetensors": safetensors(b"\x0c" * 64)})
+    model = store.import_directory(src, "m")
+    assert_complete(model)
+    served = model.directory / "model.safetensors"
+    blob = store.blob_path(hashlib.sha256(served.read_bytes()).hexdigest())
+    assert not os.path.samefile(served, blob)
+    assert stat.S_IMODE(served.stat().st_mode) & 0o222 == 0
+    assert store.verify("m").ok
+    os.chmod(served, 0o644)
+    served.write_bytes(b"bad copy")
+    report = store.verify("m")
+    assert [name for name, _ in report.corrupt] == ["model.safetensors"]
+    assert [m.sha256 for m in report.dropped] == [model.sha256]
+    assert store.lookup("m") is None
+    assert store.import_directory(src, "m") == store.lookup("m")  # its blobs were good: kept

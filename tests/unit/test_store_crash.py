@@ -70,7 +70,8 @@ def consistent(root: Path, *, content: bool = True) -> ModelStore:
 
 def prepare(tmp: Path) -> tuple[Path, bytes, Path]:
     """A store holding model ``old``, the blobs of a second model staged and added (not yet
-    committed), and a third model's source directory; both share files with ``old``."""
+    committed; it shares files with ``old``), and a third model's source directory, also
+    staged as a finished download under ``download``."""
     shared = safetensors(b"\x07" * 256)
     old = make_model(tmp / "old", {"model.safetensors": shared, "tokenizer.json": b"{}"})
     new = make_model(tmp / "new", {"model.safetensors": shared, "tokenizer.json": b'{"n":1}'})
@@ -83,6 +84,9 @@ def prepare(tmp: Path) -> tuple[Path, bytes, Path]:
     for f in local.manifest.files:
         shutil.copyfile(new / f.name, stage / f.name)
         store.add_verified_file(stage / f.name, f.sha256.hex())
+    download = store.staging("download")
+    for p in third.iterdir():
+        shutil.copyfile(p, download / p.name)
     return root, local.body, third
 
 
@@ -108,6 +112,14 @@ OPERATIONS = {
         _if_old_is_there(lambda store: store.remove("old")),
     ),
     "touch": (lambda store, body, third: store.touch("old"), None),
+    "staged": (
+        lambda store, body, third: store.commit_staging("download", ["org/third"]),
+        lambda store: (
+            store.commit_staging("download", ["org/third"])
+            if (store.root / "staging" / "download").exists()
+            else None
+        ),
+    ),
     "evict": (
         lambda store, body, third: store.ensure_room(store.available_bytes() + 1),
         _if_old_is_there(lambda store: store.ensure_room(store.available_bytes() + 1)),
@@ -117,6 +129,24 @@ OPERATIONS = {
         _if_old_is_there(lambda store: store.verify("old")),
     ),
 }
+
+
+def done(operation: str, store: ModelStore, body: bytes, third: Path) -> None:
+    """The operation's effect, once it finished (at the first try or on a retry)."""
+    names = {n for m in store.models() for n in m.names}
+    if operation in ("import", "staged"):
+        model = store.lookup(local_manifest(third).sha256)
+        assert model is not None and model.names == (
+            ("third",) if operation == "import" else ("org/third",)
+        )
+    elif operation == "commit":
+        new = store.lookup("org/new@main")
+        assert new is not None and new.sha256 == hashlib.sha256(body).hexdigest()
+    elif operation in ("remove", "evict", "verify"):
+        assert store.lookup("old") is None
+    else:
+        assert "old" in names
+    assert list((store.root / "staging").glob(".gone-*")) == []
 
 
 @pytest.mark.parametrize("operation", sorted(OPERATIONS))
@@ -144,11 +174,11 @@ def test_an_operation_cut_at_any_step_leaves_a_consistent_store(
             run(store, body, third)  # it can be done again, and then holds
         else:
             again(store)
-        consistent(root)
+        done(operation, consistent(root), body, third)
         shutil.rmtree(tmp)
     else:
         pytest.fail("the operation never finished")
-    consistent(root)
+    done(operation, consistent(root), body, third)
     print(f"{operation}: cut at {crashed_at} steps")
     assert crashed_at >= 3  # it really was cut at several steps
 
