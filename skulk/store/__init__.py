@@ -25,13 +25,8 @@ of one, and opening the store repairs the rest (:class:`ModelStore`).
 
 from skulk.store._errors import MissingBlobs, ModelInUse, NotStored, StoreError, StoreFull
 from skulk.store._layout import MANIFEST_NAME
-from skulk.store._store import (
-    DEFAULT_RESERVE_BYTES,
-    ModelStore,
-    Progress,
-    StoredModel,
-    VerifyReport,
-)
+from skulk.store._records import Progress, StoredModel, StoreStatistics, VerifyReport
+from skulk.store._store import DEFAULT_RESERVE_BYTES, ModelStore
 
 __all__ = [
     "DEFAULT_RESERVE_BYTES",
@@ -43,6 +38,7 @@ __all__ = [
     "Progress",
     "StoreError",
     "StoreFull",
+    "StoreStatistics",
     "StoredModel",
     "VerifyReport",
 ]

@@ -48,42 +48,12 @@ from skulk.store._layout import (
     blob_sizes,
     recover,
 )
+from skulk.store._records import Progress, StoredModel, StoreStatistics, VerifyReport
 from skulk.wire.transfer import Manifest
 
 #: Free disk space kept aside by default: the store never plans to fill the disk.
 DEFAULT_RESERVE_BYTES = 1024 * 1024 * 1024
 _STAGING_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-
-#: ``progress(done_bytes, total_bytes)``.
-Progress = Callable[[int, int], None]
-
-
-@attrs.frozen
-class StoredModel:
-    """A complete model in the store. ``directory`` is what mlx-lm loads; ``sha256`` (the
-    manifest hash) is its identity; ``size`` counts its distinct files once."""
-
-    sha256: str
-    directory: Path
-    size: int
-    last_used: float
-    names: tuple[str, ...]
-
-
-@attrs.frozen
-class VerifyReport:
-    """What :meth:`ModelStore.verify` found: ``corrupt`` lists ``(file name, expected sha256)``
-    of every file whose bytes did not match (those blobs are deleted), ``dropped`` the models
-    that used them (removed from the store: fetch them again)."""
-
-    model: str
-    checked_bytes: int
-    corrupt: tuple[tuple[str, str], ...]
-    dropped: tuple[StoredModel, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.corrupt
 
 
 class ModelStore:
@@ -315,6 +285,16 @@ class ModelStore:
         """Bytes of all blobs: those of stored models (each once) and loose ones."""
         with self._lock:
             return self._referenced_bytes() + sum(self._loose.values())
+
+    def statistics(self) -> StoreStatistics:
+        with self._lock:
+            return StoreStatistics(
+                len(self._index.models),
+                self.used_bytes(),
+                sum(self._loose.values()),
+                self.budget_bytes,
+                self._room()[0],
+            )
 
     def available_bytes(self) -> int:
         """Room now: the smaller of the budget left and the free disk less the reserve."""

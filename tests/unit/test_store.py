@@ -27,6 +27,7 @@ from skulk.store import (
     NotStored,
     StoredModel,
     StoreFull,
+    StoreStatistics,
 )
 
 # ---- helpers shared by tests/unit/test_store_*.py ---------------------------------------------
@@ -325,6 +326,7 @@ def test_prune_deletes_loose_blobs_of_a_download_that_never_committed(tmp_path: 
         (stage / "f").write_bytes(data)
         store.add_verified_file(stage / "f", hashlib.sha256(data).hexdigest())
     assert store.used_bytes() == 11
+    assert store.statistics() == StoreStatistics(0, 11, 11, None, store.available_bytes())
     assert store.prune() == 0  # added in this session: a commit may still come
     reopened = ModelStore(tmp_path / "store", reserve_bytes=0)
     assert reopened.used_bytes() == 11
