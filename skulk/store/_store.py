@@ -23,6 +23,7 @@ import attrs
 from skulk.models import (
     ManifestInvalid,
     decode_manifest,
+    encode_manifest,
     fsync_directory,
     local_manifest,
     manifest_sha256,
@@ -163,9 +164,11 @@ class ModelStore:
         directory appears at once and complete (built aside, then renamed) or not at all.
         Committing a stored model again only adds the names and counts as a use. Raises
         :class:`MissingBlobs` (nothing changed) unless every blob is in the store,
-        :class:`~skulk.models.ManifestInvalid` for bytes that are no manifest and
+        :class:`~skulk.models.ManifestInvalid` for bytes that are no canonical manifest and
         ``ValueError`` for a bad name."""
         manifest = decode_manifest(manifest_body)
+        if encode_manifest(manifest) != manifest_body:  # one content, one identity
+            raise ManifestInvalid("manifest bytes are not in canonical form")
         sha = manifest_sha256(manifest_body)
         for name in names:
             check_name(name)

@@ -14,10 +14,18 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
+import cbor2
 import pytest
 
 import skulk.store._store as store_module
-from skulk.models import ManifestInvalid, ensure_demo_model, local_manifest
+from skulk.models import (
+    ManifestInvalid,
+    decode_manifest,
+    encode_manifest,
+    ensure_demo_model,
+    local_manifest,
+)
 from skulk.models._generated import ModelShape, write_generated_model
 from skulk.store import (
     MANIFEST_NAME,
@@ -29,6 +37,7 @@ from skulk.store import (
     StoreFull,
     StoreStatistics,
 )
+from skulk.wire.transfer import Manifest
 
 # ---- helpers shared by tests/unit/test_store_*.py ---------------------------------------------
 
@@ -172,6 +181,27 @@ def test_staged_files_committed_by_manifest_and_refused_while_a_blob_is_missing(
     assert_complete(model)
     with pytest.raises(ManifestInvalid):
         store.commit(b"not a manifest")
+
+
+def test_commit_refuses_manifests_that_are_not_canonical_or_name_paths(tmp_path: Path) -> None:
+    src = make_model(tmp_path / "src", {})
+    local = local_manifest(src)
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+    (entry,) = local.manifest.files
+    stage = store.staging("s")
+    (stage / "c").write_bytes((src / "config.json").read_bytes())
+    store.add_verified_file(stage / "c", entry.sha256.hex())
+    reordered = cbor2.dumps(dict(reversed(list(cbor2.loads(local.body).items()))))
+    assert reordered != local.body and decode_manifest(reordered) == local.manifest
+    with pytest.raises(ManifestInvalid, match="canonical"):
+        store.commit(reordered)
+    for bad in ("../config.json", ".hidden", "a/b"):
+        body = encode_manifest(Manifest((attrs.evolve(entry, name=bad),)))
+        with pytest.raises(ManifestInvalid, match="plain file name"):
+            store.commit(body)
+    assert list((store.root / "models").iterdir()) == [] and store.models() == []
+    assert not (tmp_path / "store" / "config.json").exists()
+    assert_complete(store.commit(local.body))
 
 
 def test_a_name_leads_to_the_latest_model_committed_under_it(tmp_path: Path) -> None:
