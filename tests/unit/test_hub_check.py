@@ -27,6 +27,7 @@ from tests.hubserver import HubServer, hub, repo_files, tiny_model
 
 __all__ = ["hub", "tiny_model"]  # fixtures
 
+
 def etags(files: tuple[HubFile, ...]) -> list[tuple[str, int, str]]:
     return [(f.name, f.size, f.etag) for f in files]
 
