@@ -12,20 +12,23 @@ breaks are lost; that buffer is ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB by def
 this module lowers to :data:`CHUNK_BYTES` process-wide, so a cut re-sends at most that.
 
 When the Hub serves a file through Xet (the HEAD carries Xet metadata and ``hf_xet`` is
-installed), ``xet_get`` fetches it instead; its resume is hf_xet's chunk cache, and its
-progress is reported per file only.
+installed), ``xet_get`` fetches it instead: its resume is hf_xet's chunk cache, its
+progress comes from its "reconstructing" bar, and ``cancel_check`` is polled only between
+files (not tested here: the local endpoint serves no Xet).
 
-A finished part is hashed (the LFS sha256, or the git blob sha1 of a small file) before it
-is renamed to ``<staging>/<name>``; a file that does not match (or has the wrong size) is
+Bytes are hashed as they are written (a resumed part's earlier bytes are read once), and a
+finished part is checked (its size, and the LFS sha256 or the git blob sha1 of a small file)
+and fsynced before it is renamed to ``<staging>/<name>``; one that does not match is
 deleted and fetched once more from zero, then :class:`HashMismatch`. A file already in
-staging under its name is rehashed and kept when it matches. Everything is blocking: run it
-in a worker thread.
+staging under its name is rehashed and kept when it matches. Everything is blocking: run
+it in a worker thread.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -40,7 +43,7 @@ from skulk.hub._calls import DEFAULT_POLICY, HubPolicy, call_hub
 from skulk.hub._errors import DownloadCancelled, HashMismatch, HubError
 from skulk.hub._plan import HubFile, HubPlan
 from skulk.hub._progress import Meter, ProgressCallback
-from skulk.hub._tqdm import SilentTqdm
+from skulk.hub._tqdm import SilentTqdm, forwarding_tqdm
 
 #: The read buffer of a body (what a broken stream can lose, so what a cut re-sends).
 CHUNK_BYTES = 512 * 1024
@@ -69,6 +72,8 @@ def download(
     meter = Meter(str(plan.ref), plan.total_bytes, progress)
     out: dict[str, str] = {}
     for file in plan.files:
+        if cancel_check is not None and cancel_check():
+            raise DownloadCancelled(str(plan.ref))
         out[file.name] = _download_file(plan, file, staging_dir, meter, cancel_check, token, policy)
     return out
 
@@ -101,14 +106,13 @@ def _download_file(
     part = part_path(staging, file)
     got = ""
     for _ in range(2):
-        call_hub(
+        sha256, ok = call_hub(
             plan.ref,
             plan.endpoint,
             token,
             policy,
             lambda: _fetch(plan, file, part, meter, cancel_check, token, policy),
         )
-        sha256, ok = _verify(part, file)
         if ok:
             os.replace(part, final)
             meter.finish_file()
@@ -127,8 +131,10 @@ def _fetch(
     cancel_check: Callable[[], bool] | None,
     token: str | None,
     policy: HubPolicy,
-) -> None:
-    """One attempt: append what ``part`` lacks (or, with Xet, write it whole)."""
+) -> tuple[str, bool]:
+    """One attempt: append what ``part`` lacks (or, with Xet, write it whole); returns
+    what :func:`_verify` would (hashing the bytes as they are written, not reading them
+    again)."""
     url = hf_hub_url(plan.ref.repo, file.name, revision=plan.commit, endpoint=plan.endpoint)
     headers = build_hf_headers(token=token, library_name="skulk")
     meta = get_hf_file_metadata(
@@ -142,15 +148,21 @@ def _fetch(
         )
     if meta.xet_file_data is not None and is_xet_available():
         meter.start_file(file.name, file.size, 0)
+        lock = threading.Lock()  # hf_xet reports from its own threads
+
+        def written(n: int) -> None:
+            with lock:
+                meter.add(n)
+
         xet_get(
             incomplete_path=part,
             xet_file_data=meta.xet_file_data,
             headers=headers,
             expected_size=file.size,
             displayed_filename=file.name,
-            tqdm_class=SilentTqdm,
+            tqdm_class=forwarding_tqdm(written),
         )
-        return
+        return _verify(part, file)
     location = meta.location or url
     if _origin(location) != _origin(url):
         headers.pop("authorization", None)  # a signed CDN url: the token stays on the Hub
@@ -160,8 +172,10 @@ def _fetch(
             f.truncate(0)
             have = 0
         meter.start_file(file.name, file.size, have)
+        hashes = _Hashes(file)
+        hashes.update_from(part, have)
         if have < file.size:
-            sink = _Sink(f, meter, cancel_check, plan.ref.repo)
+            sink = _Sink(f, part, hashes, meter, cancel_check, plan.ref.repo)
             http_get(
                 location,
                 cast(BinaryIO, sink),
@@ -171,26 +185,33 @@ def _fetch(
             )
         f.flush()
         os.fsync(f.fileno())
+    return hashes.result()
 
 
 class _Sink:
-    """The file object ``http_get`` writes to: counts bytes for progress and polls the
-    cancel check after each write (the bytes written stay, for a resume)."""
+    """The file object ``http_get`` writes to (``f``, open on ``path`` for appending):
+    hashes and counts the bytes, and polls the cancel check after each write (the bytes
+    written stay, for a resume)."""
 
     def __init__(
         self,
         f: BinaryIO,
+        path: Path,
+        hashes: _Hashes,
         meter: Meter,
         cancel_check: Callable[[], bool] | None,
         repo: str,
     ) -> None:
         self._f = f
+        self._path = path
+        self._hashes = hashes
         self._meter = meter
         self._cancel_check = cancel_check
         self._repo = repo
 
     def write(self, data: bytes) -> int:
         n = self._f.write(data)
+        self._hashes.update(data)
         self._meter.add(len(data))
         if self._cancel_check is not None and self._cancel_check():
             self._f.flush()
@@ -204,28 +225,60 @@ class _Sink:
         return self._f.seek(offset, whence)
 
     def truncate(self, size: int | None = None) -> int:
+        """(``http_get`` truncates when a server ignored its ``Range`` and sends from 0.)"""
         n = self._f.truncate(size)
-        self._meter.set_file_done(self._f.tell() if size is None else size)
+        self._f.flush()
+        kept = self._f.tell() if size is None else size
+        self._hashes.reset()
+        self._hashes.update_from(self._path, kept)
+        self._meter.set_file_done(kept)
         return n
 
 
+class _Hashes:
+    """A file's running hashes: sha256, plus the git blob sha1 for a small (git) file."""
+
+    def __init__(self, file: HubFile) -> None:
+        self._file = file
+        self.reset()
+
+    def reset(self) -> None:
+        self._size = 0
+        self._sha256 = hashlib.sha256()
+        self._sha1 = None
+        if self._file.sha256 is None:
+            self._sha1 = hashlib.sha1(b"blob %d\0" % self._file.size, usedforsecurity=False)
+
+    def update(self, data: bytes) -> None:
+        self._size += len(data)
+        self._sha256.update(data)
+        if self._sha1 is not None:
+            self._sha1.update(data)
+
+    def update_from(self, path: Path, n: int) -> None:
+        """Add the first ``n`` bytes of ``path``."""
+        if n <= 0:
+            return
+        with open(path, "rb") as f:
+            while n > 0 and (block := f.read(min(n, _HASH_BLOCK))):
+                self.update(block)
+                n -= len(block)
+
+    def result(self) -> tuple[str, bool]:
+        """``(sha256 hex, whether the bytes are what the Hub lists)``."""
+        digest = self._sha256.hexdigest()
+        if self._size != self._file.size:
+            return digest, False
+        if self._sha1 is not None:
+            return digest, self._sha1.hexdigest() == self._file.git_sha1
+        return digest, digest == self._file.sha256
+
+
 def _verify(path: Path, file: HubFile) -> tuple[str, bool]:
-    """``(sha256 hex, whether the file is what the Hub lists)``: its size, and its LFS
-    sha256 or its git blob sha1."""
-    sha256 = hashlib.sha256()
-    sha1 = hashlib.sha1(usedforsecurity=False)
-    size = path.stat().st_size
-    sha1.update(b"blob %d\0" % size)
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            sha256.update(block)
-            sha1.update(block)
-    digest = sha256.hexdigest()
-    if size != file.size:
-        return digest, False
-    if file.sha256 is not None:
-        return digest, digest == file.sha256
-    return digest, sha1.hexdigest() == file.git_sha1
+    """Hash ``path`` as :class:`_Hashes` does."""
+    hashes = _Hashes(file)
+    hashes.update_from(path, path.stat().st_size)
+    return hashes.result()
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -25,6 +25,7 @@ from skulk.hub import (
 )
 from skulk.hub._download import part_path
 from skulk.hub._progress import Meter
+from skulk.hub._tqdm import forwarding_tqdm
 from skulk.models import local_manifest
 from tests.hubserver import HubServer, hub, repo_files, tiny_model
 
@@ -205,3 +206,31 @@ def test_the_meter_reports_while_bytes_move_with_rate_and_eta() -> None:
     assert (seen[-1].file, seen[-1].file_done, seen[-1].done) == ("a", 600, 600)
     meter.start_file("b", 400, 0)
     assert (seen[-1].file, seen[-1].done) == ("b", 600)
+
+
+def test_a_cancel_between_files_keeps_the_finished_ones(
+    hub: HubServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    hub.add_repo("org/tiny", repo_files(tiny_model))
+    plan = check("org/tiny")
+    staging = tmp_path / "staging"
+
+    def after_two_files() -> bool:
+        return (staging / plan.files[1].name).exists()
+
+    with pytest.raises(DownloadCancelled):
+        download(plan, staging, cancel_check=after_two_files)
+    assert sorted(p.name for p in staging.iterdir()) == [plan.files[0].name, plan.files[1].name]
+
+
+def test_xet_progress_bars_forward_bytes_written_only() -> None:
+    written: list[int] = []
+    bar_class = forwarding_tqdm(written.append)
+    disk = bar_class(desc="model.safetensors: reconstructing file", total=100)
+    network = bar_class(desc="model.safetensors: downloading bytes", total=100)
+    disk.update(40)
+    network.update(70)
+    disk.update(60)
+    disk.close()
+    network.close()
+    assert written == [40, 60]
