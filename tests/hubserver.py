@@ -23,13 +23,14 @@ name the one revision.
 Not reproduced: the Hub's redirect of LFS files to a CDN on another host (the client reads
 the same headers from the redirect and follows it with ``Range`` as here); Xet (no
 ``X-Xet-Hash`` header is ever sent, so the client never tries Xet); several commits or
-branches per repo; subfolders; tree pagination; rate limits and 5xx.
+branches per repo; subfolders; tree pagination; rate-limit headers.
 
 Faults, switchable per test: :meth:`HubServer.cut_once` (the next GET of a file stops at a
 byte offset and the connection is dropped), :meth:`HubServer.corrupt` (the next GETs serve
 a byte flipped), :meth:`HubServer.go_away` (connections refused from now on; also after a
-cut, with ``then_gone=True``). :attr:`HubServer.served` counts body bytes sent per file;
-:attr:`HubServer.requests` records ``(method, path, Range header)``.
+cut, with ``then_gone=True``), :meth:`HubServer.fail_next` (503s),
+:meth:`HubServer.patch_info` (a malformed revision info). :attr:`HubServer.served` counts
+body bytes sent per file; :attr:`HubServer.requests` records ``(method, path, Range)``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ class HubServer:
         self._cuts: dict[tuple[str, str], tuple[int, bool]] = {}
         self._corrupt: Counter[tuple[str, str]] = Counter()
         self._gone = False
+        self._failures = 0
         self._httpd: ThreadingHTTPServer | None = None
+        self.info_patches: dict[str, dict[str, object]] = {}
 
     @property
     def url(self) -> str:
@@ -141,6 +144,16 @@ class HubServer:
         with self._lock:
             self._corrupt[(repo_id, file)] = times
 
+    def fail_next(self, n: int) -> None:
+        """The next ``n`` requests (any route) answer 503, as an overloaded Hub does."""
+        with self._lock:
+            self._failures = n
+
+    def patch_info(self, repo_id: str, fields: dict[str, object]) -> None:
+        """Replace fields of ``repo_id``'s revision info (malformed answers)."""
+        with self._lock:
+            self.info_patches[repo_id] = fields
+
     def go_away(self) -> None:
         """Refuse connections from now on (the listening socket is closed)."""
         with self._lock:
@@ -161,6 +174,13 @@ class HubServer:
             return self.served[(repo_id, file)]
 
     # -- used by the handler -------------------------------------------------------------
+
+    def _take_failure(self) -> bool:
+        with self._lock:
+            if self._failures > 0:
+                self._failures -= 1
+                return True
+            return False
 
     def _take_cut(self, key: tuple[str, str]) -> tuple[int, bool] | None:
         with self._lock:
@@ -198,6 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with hub._lock:
             hub.requests.append((self.command, self.path, self.headers.get("Range")))
+        if hub._take_failure():
+            self._error(503, "", "Service Unavailable")
+            return
         path = urlsplit(self.path).path
         parts = [unquote(p) for p in path.split("/")[1:]]
         query = urlsplit(self.path).query
@@ -206,7 +229,9 @@ class _Handler(BaseHTTPRequestHandler):
             if repo is None or not self._revision_ok(repo, "/".join(parts[5:])):
                 return
             if parts[4] == "revision":
-                self._json(self._info(repo, blobs="blobs=true" in query.lower()), head)
+                info = self._info(repo, blobs="blobs=true" in query.lower())
+                info.update(hub.info_patches.get(repo.repo_id, {}))
+                self._json(info, head)
             else:
                 self._json(self._tree(repo), head)
             return

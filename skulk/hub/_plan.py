@@ -121,10 +121,9 @@ def check(
     for sibling in info.siblings or ():
         if not is_weight_file(sibling.rfilename):
             continue
-        if sibling.size is None:
-            raise HubError(str(ref), f"Hub repo {ref}: no size listed for {sibling.rfilename}")
-        sha256 = sibling.lfs.sha256 if sibling.lfs is not None else None
-        files.append(HubFile(sibling.rfilename, sibling.size, sha256, sibling.blob_id))
+        files.append(
+            _listed_file(ref, sibling.rfilename, sibling.size, sibling.lfs, sibling.blob_id)
+        )
     files.sort(key=lambda f: f.name)
     config_file = _require_config_and_weights(ref, files)
     pinned = ref.at(commit)
@@ -197,6 +196,20 @@ def mlx_lm_module(config: Mapping[str, object]) -> str | None:
         return None
     found = importlib.util.find_spec(f"mlx_lm.models.{remapped}") is not None
     return remapped if found else None
+
+
+def _listed_file(ref: HubRef, name: str, size: object, lfs: object, blob_id: object) -> HubFile:
+    """A file as the revision info lists it, checked: a size, and a hash to verify by."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise HubError(str(ref), f"Hub repo {ref}: bad size {size!r} listed for {name}")
+    sha256 = lfs.get("sha256") if isinstance(lfs, dict) else None
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.match(sha256)):
+        raise HubError(str(ref), f"Hub repo {ref}: bad LFS sha256 listed for {name}")
+    if not (isinstance(blob_id, str) and _SHA1.match(blob_id)):
+        if sha256 is None:
+            raise HubError(str(ref), f"Hub repo {ref}: no hash listed for {name}")
+        blob_id = None
+    return HubFile(name, size, sha256, blob_id)
 
 
 def _require_config_and_weights(ref: HubRef, files: list[HubFile]) -> HubFile:

@@ -11,6 +11,7 @@ from huggingface_hub import snapshot_download
 
 from skulk.hub import (
     Gated,
+    HubError,
     HubFile,
     HubPolicy,
     HubUnreachable,
@@ -181,3 +182,48 @@ def test_offline_from_the_environment_and_an_incomplete_cache(
     (snapshot / "model-00002-of-00002.safetensors").unlink()  # a shard the index names
     with pytest.raises(OfflineMissing, match=r"missing model-00002-of-00002\.safetensors"):
         check("org/tiny")
+
+
+def test_an_overloaded_hub_is_retried_with_backoff(hub: HubServer, tiny_model: Path) -> None:
+    hub.add_repo("org/tiny", repo_files(tiny_model))
+    hub.fail_next(2)
+    policy = HubPolicy(call_timeout_s=5.0, attempts=3, backoff_s=0.01)
+    assert check("org/tiny", policy=policy).model_type == "llama"
+    hub.fail_next(3)
+    with pytest.raises(HubUnreachable, match=r"after 3 attempts \(HTTP 503\)"):
+        check("org/tiny", policy=policy)
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"sha": None}, "no commit sha"),
+        ({"sha": "main"}, "no commit sha"),
+        ({"siblings": [{"rfilename": "config.json"}]}, "bad size None listed for config.json"),
+        (
+            {"siblings": [{"rfilename": "config.json", "size": -1, "blobId": "0" * 40}]},
+            "bad size -1",
+        ),
+        ({"siblings": [{"rfilename": "config.json", "size": 3}]}, "no hash listed for config"),
+        (
+            {
+                "siblings": [
+                    {
+                        "rfilename": "model.safetensors",
+                        "size": 3,
+                        "lfs": {"sha256": "zz", "size": 3, "pointerSize": 1},
+                    }
+                ]
+            },
+            "bad LFS sha256 listed for model.safetensors",
+        ),
+    ],
+)
+def test_a_malformed_revision_info_is_a_hub_error_naming_it(
+    hub: HubServer, tiny_model: Path, patch: dict[str, object], message: str
+) -> None:
+    hub.add_repo("org/tiny", repo_files(tiny_model))
+    hub.patch_info("org/tiny", patch)
+    with pytest.raises(HubError, match=message) as info:
+        check("org/tiny", policy=FAST)
+    assert info.value.reason == "hub_error" and info.value.repo == "org/tiny"
