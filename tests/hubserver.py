@@ -28,7 +28,8 @@ branches per repo; subfolders; tree pagination; rate-limit headers.
 Faults, switchable per test: :meth:`HubServer.cut_once` (the next GET of a file stops at a
 byte offset and the connection is dropped), :meth:`HubServer.corrupt` (the next GETs serve
 a byte flipped), :meth:`HubServer.go_away` (connections refused from now on; also after a
-cut, with ``then_gone=True``), :meth:`HubServer.fail_next` (503s),
+cut, with ``then_gone=True``), :meth:`HubServer.ignore_range_once`,
+:meth:`HubServer.fail_next` (503s),
 :meth:`HubServer.patch_info` (a malformed revision info). :attr:`HubServer.served` counts
 body bytes sent per file; :attr:`HubServer.requests` records ``(method, path, Range)``.
 """
@@ -108,6 +109,7 @@ class HubServer:
         self.requests: list[tuple[str, str, str | None]] = []
         self._cuts: dict[tuple[str, str], tuple[int, bool]] = {}
         self._corrupt: Counter[tuple[str, str]] = Counter()
+        self._ignore_range: set[tuple[str, str]] = set()
         self._gone = False
         self._failures = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -144,6 +146,12 @@ class HubServer:
         with self._lock:
             self._corrupt[(repo_id, file)] = times
 
+    def ignore_range_once(self, repo_id: str, file: str) -> None:
+        """The next GET of ``file`` ignores its ``Range`` and answers 200 with every byte (as
+        a CDN that compresses can)."""
+        with self._lock:
+            self._ignore_range.add((repo_id, file))
+
     def fail_next(self, n: int) -> None:
         """The next ``n`` requests (any route) answer 503, as an overloaded Hub does."""
         with self._lock:
@@ -174,6 +182,13 @@ class HubServer:
             return self.served[(repo_id, file)]
 
     # -- used by the handler -------------------------------------------------------------
+
+    def _take_ignore_range(self, key: tuple[str, str]) -> bool:
+        with self._lock:
+            if key in self._ignore_range:
+                self._ignore_range.discard(key)
+                return True
+            return False
 
     def _take_failure(self) -> bool:
         with self._lock:
@@ -312,6 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
         start, end = 0, size
         status = 200
         wanted = self.headers.get("Range")
+        if wanted and not head and hub._take_ignore_range((repo.repo_id, name)):
+            wanted = None
         if wanted:
             m = _RANGE.match(wanted.strip())
             if m is None or int(m.group(1)) >= max(size, 1):

@@ -18,6 +18,7 @@ from skulk.hub import (
     DownloadProgress,
     Gated,
     HashMismatch,
+    HubPlan,
     HubPolicy,
     HubUnreachable,
     check,
@@ -102,14 +103,7 @@ def test_a_cancelled_download_resumes_from_its_part_file(hub: HubServer, tmp_pat
     body = big_repo(hub)
     plan = check("org/big")
     staging = tmp_path / "staging"
-    part = part_path(staging, plan.files[1])
-
-    def half_done() -> bool:  # polled as bytes arrive: stop once half the file is on disk
-        return part.exists() and part.stat().st_size >= BIG_SIZE // 2
-
-    with pytest.raises(DownloadCancelled) as info:
-        download(plan, staging, cancel_check=half_done)
-    assert info.value.reason == "cancelled"
+    part = cancelled_at_half(plan, staging)
     kept = part.stat().st_size
     assert BIG_SIZE // 2 <= kept < BIG_SIZE
 
@@ -234,3 +228,52 @@ def test_xet_progress_bars_forward_bytes_written_only() -> None:
     disk.close()
     network.close()
     assert written == [40, 60]
+
+
+def cancelled_at_half(plan: HubPlan, staging: Path) -> Path:
+    """Start ``plan``'s download and stop it once half the big file is in its part file."""
+    part = part_path(staging, plan.files[1])
+    with pytest.raises(DownloadCancelled) as info:
+        download(
+            plan,
+            staging,
+            cancel_check=lambda: part.exists() and part.stat().st_size >= BIG_SIZE // 2,
+        )
+    assert info.value.reason == "cancelled" and info.value.repo == "org/big"
+    return part
+
+
+def test_a_server_ignoring_the_range_restarts_the_file_cleanly(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    body = big_repo(hub)
+    plan = check("org/big")
+    staging = tmp_path / "staging"
+    cancelled_at_half(plan, staging)
+    hub.ignore_range_once("org/big", BIG)
+    before = hub.served_bytes("org/big", BIG)
+    got = download(plan, staging)  # asks for the rest, gets everything: truncates, rehashes
+    assert (staging / BIG).read_bytes() == body and got[BIG] == plan.files[1].sha256
+    assert hub.served_bytes("org/big", BIG) - before == BIG_SIZE  # once, no refetch
+
+
+def test_damaged_part_files_are_caught(hub: HubServer, tmp_path: Path) -> None:
+    body = big_repo(hub)
+    plan = check("org/big")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    part = part_path(staging, plan.files[1])
+    part.write_bytes(b"\xff" * (BIG_SIZE + 10))  # longer than the file: not its bytes
+    download(plan, staging)
+    assert (staging / BIG).read_bytes() == body
+    assert hub.served_bytes("org/big", BIG) == BIG_SIZE
+
+    (staging / BIG).unlink()
+    part.write_bytes(body[:1000] + b"\0" * (BIG_SIZE // 2))  # a torn tail after a crash
+    download(plan, staging)  # resumed, fails verification, fetched again once from zero
+    assert (staging / BIG).read_bytes() == body
+    assert hub.served_bytes("org/big", BIG) == 2 * BIG_SIZE + (BIG_SIZE - 1000 - BIG_SIZE // 2)
+
+    (staging / BIG).write_bytes(body[:-1] + b"x")  # a damaged finished file in staging
+    download(plan, staging)
+    assert (staging / BIG).read_bytes() == body
