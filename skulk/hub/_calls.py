@@ -13,12 +13,20 @@ import httpx2
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    OfflineModeIsEnabled,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 
-from skulk.hub._errors import Gated, HubError, HubUnreachable, RepoNotFound, RevisionNotFound
+from skulk.hub._errors import (
+    Gated,
+    HubError,
+    HubUnreachable,
+    OfflineMissing,
+    RepoNotFound,
+    RevisionNotFound,
+)
 from skulk.hub._ref import HubRef
 
 T = TypeVar("T")
@@ -70,6 +78,8 @@ def call_hub(
             return fn()
         except HubError:
             raise
+        except OfflineModeIsEnabled:  # HF_HUB_OFFLINE was set when huggingface_hub was imported
+            raise OfflineMissing(str(ref), "huggingface_hub is in offline mode") from None
         except httpx2.TransportError as exc:
             detail = f"{type(exc).__name__}: {exc}"
         except HfHubHTTPError as exc:

@@ -227,3 +227,16 @@ def test_a_malformed_revision_info_is_a_hub_error_naming_it(
     with pytest.raises(HubError, match=message) as info:
         check("org/tiny", policy=FAST)
     assert info.value.reason == "hub_error" and info.value.repo == "org/tiny"
+
+
+def test_huggingface_hub_in_offline_mode_is_offline_missing(
+    hub: HubServer, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    hub.add_repo("org/tiny", repo_files(tiny_model))
+    # as when HF_HUB_OFFLINE=1 was set before huggingface_hub was imported, then unset
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OfflineMissing, match="huggingface_hub is in offline mode"):
+        check("org/tiny", offline=False)
+    assert hub.requests == []
