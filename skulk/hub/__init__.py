@@ -7,7 +7,9 @@
   :class:`HubPlan` whose ``cached_snapshot`` says when the local Hub cache already holds it;
 * :func:`download`: a plan's files into a staging directory the caller owns, resumable
   (a cut re-sends at most :data:`CHUNK_BYTES`), each verified against the Hub's hash, with
-  progress (:class:`DownloadProgress`) through a callback.
+  progress (:class:`DownloadProgress`) through a callback;
+* :func:`pull`: check, room in the node's :class:`~skulk.store.ModelStore`, download and
+  commit in one call: a model the store or the local Hub cache already holds moves no byte.
 
 Failures are :class:`HubError` subclasses with a stable ``reason``: ``repo_not_found``,
 ``revision_not_found``, ``gated``, ``unsupported_architecture``, ``no_weights``,
@@ -35,6 +37,7 @@ from skulk.hub._errors import (
 )
 from skulk.hub._plan import HubFile, HubPlan, check, default_cache_dir, mlx_lm_module
 from skulk.hub._progress import DownloadProgress, ProgressCallback
+from skulk.hub._pull import pull, pull_names
 from skulk.hub._ref import HubRef, looks_like_hub_ref, parse_hub_ref
 
 __all__ = [
@@ -61,4 +64,6 @@ __all__ = [
     "looks_like_hub_ref",
     "mlx_lm_module",
     "parse_hub_ref",
+    "pull",
+    "pull_names",
 ]
