@@ -1,11 +1,10 @@
 """Command line: ``python -m skulk serve``, ``python -m skulk demo-model --out DIR``, and the
-client commands over a node's API: ``place MODEL``, ``ps``, ``nodes``, ``rm INSTANCE``
+client commands over a node's API: ``place MODEL``, ``ps``, ``nodes``, ``rm INSTANCE``, ``top``
 (docs/cli.md)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -54,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             resolve_model(config.model, config.home)
         except ModelNotFound as exc:
             parser.error(str(exc))
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from skulk.tracing import configure_logging
+
+    # text: "TIME LEVEL LOGGER [REQUEST_ID]: MESSAGE"; json: one object per line (skulk.tracing)
+    configure_logging(config.log_level, "json" if config.log_format == "json" else "text")
     import trio
 
     from skulk.consensus import StorageCorrupt

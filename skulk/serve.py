@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -31,12 +32,19 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from skulk.api import create_app, envelope_hypercorn_errors, exposure_warning
+from skulk.api import (
+    create_app,
+    envelope_hypercorn_errors,
+    exposure_warning,
+    routing_families,
+    transfer_families,
+)
 from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
+from skulk.console import ProgressItem, progress_items, show_progress
 from skulk.control import CONTROL_METHOD, ClusterControl, now_ms
-from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, runner_events
+from skulk.diagnostics import TIMELINE_METHOD, ClusterTimeline, journal_events, runner_events
 from skulk.federation import (
     DataReceiver,
     Mesh,
@@ -50,6 +58,7 @@ from skulk.federation import (
     tls_contexts,
 )
 from skulk.identity import load_or_create_node_id
+from skulk.metrics import NodeMetrics
 from skulk.models import ShardSlice, model_card
 from skulk.routing import ASK_METHOD, ROUTE_METHOD, Admission, RemoteRouting, Router
 from skulk.telemetry import (
@@ -59,6 +68,7 @@ from skulk.telemetry import (
     next_epoch,
     sample_readings,
 )
+from skulk.tracing import RequestJournal, enter_node
 from skulk.transfer import (
     TRANSFER_METHODS,
     WeightClient,
@@ -69,7 +79,7 @@ from skulk.transfer import (
 from skulk.wire.diagnostics import TimelineEvent
 from skulk.wire.runner import ShardSpec
 from skulk.wire.telemetry import ComputePorts, NodeReadings
-from skulk.worker import Assignment, ModelService, Reconciler
+from skulk.worker import Assignment, ModelService, Reconciler, ServingSampler
 
 log = logging.getLogger("skulk")
 
@@ -97,6 +107,8 @@ async def serve(
         # Printed, not logged: it must show whatever --log-level says.
         print(f"skulk: WARNING: {warning}", file=sys.stderr, flush=True)
     node_id = load_or_create_node_id(config.home)
+    journal = RequestJournal()  # what happened to requests here (GET /v1/requests/{id})
+    enter_node(node_id, journal)  # log lines of this node's tasks name it
     try:
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
     except SecretError as exc:
@@ -138,7 +150,8 @@ async def serve(
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
     compute: list[ComputePorts] = []  # likewise: this node's compute host and port range
-    fetches = FetchBoard()  # weight fetches in progress, published in the readings
+    fetches = FetchBoard()  # weight fetches in progress (and failed), published in the readings
+    serving = ServingSampler()  # the runners this node hosts, published in the readings
 
     def runner_bytes() -> int:
         """Memory this node's live runners use (their last heartbeat's RSS)."""
@@ -159,6 +172,11 @@ async def serve(
             runner_bytes=runner_bytes() if config.memory_limit is not None else 0,
             compute=compute[0] if compute else None,
             fetches=fetches.snapshot(),
+            serving=serving.sample(
+                reconciler.assignments(), reconciler.services, trio.current_time()
+            ),
+            models_dir=config.home / "models",
+            fetch_failures=fetches.failures(now=time.time()),
         )
 
     gossip = TelemetryGossip(mesh, TelemetryStore(node_id, next_epoch(config.home)), sample)
@@ -182,13 +200,14 @@ async def serve(
         async def resolve() -> Path:
             """The weights this rank needs, here (fetched from a holder if need be)."""
 
-            def progress(done: int, total: int) -> None:
-                fetches.set(a.instance, a.rank, done, total)
-
-            try:
-                return await fetch_model(weights_client, card, part, config.home, progress=progress)
-            finally:
-                fetches.clear(a.instance, a.rank)
+            return await fetches.follow(  # progress, and failures for node health
+                a.instance,
+                a.rank,
+                card.id,
+                lambda progress: fetch_model(
+                    weights_client, card, part, config.home, progress=progress
+                ),
+            )
 
         spec: ShardSpec | None = None
         if a.sharding != "single":
@@ -209,6 +228,9 @@ async def serve(
     reconciler = Reconciler(node_id, control, control.submit, make_service, now_ms)
     admission = Admission(config.max_queue)
     remote = RemoteRouting(mesh, reconciler.service, admission, timeouts=config.route_timeouts())
+    metrics = NodeMetrics()  # GET /metrics; the app adds the sources it holds
+    metrics.set_source("routing", partial(routing_families, remote, admission))
+    metrics.set_source("transfer", partial(transfer_families, weights_client, weights_server))
     router = Router(
         node_id,
         lambda: control.state,
@@ -217,6 +239,7 @@ async def serve(
         remote,
         admission,
         load=lambda node: e.readings.load_1m if (e := gossip.store.view.get(node)) else 0.0,
+        metrics=metrics,
     )
 
     def local_timeline() -> list[TimelineEvent]:
@@ -230,8 +253,21 @@ async def serve(
             events += runner_events(node_id, gone.instance, gone.rank, service.recent_runners())
         return events
 
+    def progress_now() -> list[ProgressItem]:
+        """This node's weight fetches and model loads, for the terminal's progress bars."""
+        assigned = reconciler.assignments()
+        services = [
+            (instance, assigned[instance].rank if instance in assigned else 0, s.status())
+            for instance, s in list(reconciler.services.items())
+        ]
+        return progress_items(fetches.snapshot(), services)
+
     timeline = ClusterTimeline(
-        node_id, local_timeline, lambda: [n.id for n in control.state.nodes], mesh.link
+        node_id,
+        local_timeline,
+        lambda: [n.id for n in control.state.nodes],
+        mesh.link,
+        requests=partial(journal_events, node_id, journal),
     )
     handlers.update(
         {
@@ -278,6 +314,7 @@ async def serve(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, shutdown, nursery.cancel_scope)
+        nursery.start_soon(show_progress, progress_now)  # bars only when stderr is a TTY
         try:
             host, port = await nursery.start(mesh.run)
         except OSError as exc:

@@ -2,7 +2,8 @@
 (``install_*(app, ...)``): the client formats (OpenAI Chat Completions, Completions and
 Responses; Anthropic Messages; Ollama; embeddings; the WebSocket), each through the router to
 any model of the cluster; the node's health and diagnostics; the mesh and cluster routes; the
-OpenAPI document.
+OpenAPI document; ``/metrics`` (Prometheus); the dashboard at ``/``
+(:mod:`skulk.api._dashboard`).
 
 Every request runs under :class:`~skulk.api._guard.RequestGuard` (whole body first, one log
 line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http_errors`).
@@ -18,11 +19,13 @@ from quart_trio import QuartTrio
 from skulk.api._anthropic_routes import install_anthropic_routes
 from skulk.api._auth import install_api_keys
 from skulk.api._cluster_routes import install_cluster_routes
-from skulk.api._diagnostic_routes import install_timeline_route
+from skulk.api._dashboard import install_dashboard
+from skulk.api._diagnostic_routes import install_request_route, install_timeline_route
 from skulk.api._embeddings import install_embedding_routes
 from skulk.api._guard import RequestGuard
 from skulk.api._http_errors import install_error_handlers
 from skulk.api._json_body import MAX_BODY
+from skulk.api._metrics import install_metrics_route
 from skulk.api._node_routes import LocalServices, install_mesh_routes, install_node_routes
 from skulk.api._ollama_routes import install_ollama_routes
 from skulk.api._openai_routes import install_openai_routes
@@ -76,13 +79,24 @@ def create_app(
         install_cluster_routes(app, control, read_body, readings)
     if timeline is not None:
         install_timeline_route(app, timeline)
+        install_request_route(app, timeline)  # GET /v1/requests/{id}: one request, every node
     install_openapi_route(app, cluster=control is not None, timeline=timeline is not None)
     install_node_routes(app, router, local, consensus)
     install_mesh_routes(app, cluster, gossip, consensus, control)
+    install_metrics_route(  # the router's metrics: it observes the requests
+        app,
+        router.metrics,
+        local,
+        consensus=consensus,
+        cluster=cluster,
+        gossip=gossip,
+        control=control,
+    )
     generations = Generations(app, router)
     install_openai_routes(app, router, generations)
     install_anthropic_routes(app, router, generations)
     install_ollama_routes(app, router, generations.start, read_body)
     install_embedding_routes(app, router, read_body)
     install_websocket_route(app, generations.start, generations.start_choices)
+    install_dashboard(app, router.node_id)  # the page at / and its live feed
     return app

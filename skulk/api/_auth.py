@@ -12,8 +12,9 @@ A request without one of the keys is answered 401 in the envelope of the format 
 as the app's first ``before_request`` / ``before_websocket`` hook, after the request guard has
 read the whole body (answering before the body has arrived would wedge the keep-alive
 connection: see :mod:`skulk.api._guard`), so the route never runs and unknown paths are 401
-too (nobody without a key learns which routes exist). Only ``/health`` stays open: load
-balancers probe it, and it tells nothing a key protects.
+too (nobody without a key learns which routes exist). Only ``/health`` stays open (load
+balancers probe it, and it tells nothing a key protects), and the dashboard's static page and
+assets (``/``, ``/dashboard/<file>``), which hold no data: the page asks for the key.
 
 Each presented key is compared with *every* configured key with :func:`hmac.compare_digest`,
 never stopping at the first match, so the time taken does not tell which key, or how much of
@@ -30,10 +31,12 @@ from collections.abc import Iterable, Sequence
 from quart import request, websocket
 from quart_trio import QuartTrio
 
+from skulk.api._dashboard import OPEN_PATHS as DASHBOARD_PATHS
 from skulk.api._errors import ApiError
 
-#: Paths answered without a key.
-OPEN_PATHS = frozenset({"/health"})
+#: Paths answered without a key: the health probe, and the dashboard's page and assets (they
+#: hold no cluster data; the page calls the API with the key the operator gives it).
+OPEN_PATHS = frozenset({"/health", *DASHBOARD_PATHS})
 #: What a 401 asks for (RFC 6750); the ``x-api-key`` header is accepted as well.
 CHALLENGE = 'Bearer realm="skulk"'
 

@@ -1,4 +1,5 @@
-"""``GET /v1/diagnostics/cluster/timeline``: every reachable node's runner events, merged.
+"""``GET /v1/diagnostics/cluster/timeline``: every reachable node's runner events, merged; and
+``GET /v1/requests/{request_id}``: one request's events, from every node it touched.
 
 Query parameters (each at most once; any other is a 400 naming it):
 
@@ -13,6 +14,19 @@ The answer: ``events`` (oldest first, each with ``at``, ``node``, ``model``, ``i
 the limits left out), ``answered`` (nodes whose events are in) and ``unanswered`` (nodes that
 did not answer in time, each with a ``reason``). A node that never answers costs the request
 its per-node deadline, no more.
+
+``GET /v1/requests/{request_id}`` (the id as the ``x-request-id`` header carried it, or as the
+node generated it) answers ``{"request_id", "events", "answered", "unanswered"}``: the events
+of that request on every reachable node, oldest first, each ``{"at", "node_id", "kind",
+"detail", "model", "instance", "rank", "incarnation"}``. Events with ``incarnation`` 0 are the
+node's own (``request.received``, ``request.routed``, ``route.hop``, ``route.stream``,
+``route.arrived``, ``request.admitted``, ``request.done``, ``request.error``); the others are
+a runner's flight recorder's (``request.start``: sent to the runner, ``request.admitted_kv``:
+admitted to its KV budget after waiting in its queue, ``request.prefill``: one prefill chunk,
+with the prompt tokens computed so far, ``request.first_token``,
+``request.finish`` with its token counts, ``request.fail``, ``request.cancel``). An id that is
+not a valid request id is a 400 naming ``request_id``; an id no node has an event for, a 404
+(``request_not_found``). Nodes keep a bounded number of events: an old request is forgotten.
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
 from skulk.api._schema import Schema, honoured
 from skulk.diagnostics import DEFAULT_LIMIT, MAX_LIMIT, ClusterTimeline, events_json
+from skulk.tracing import check_request_id
 
 #: The query parameters, with the JSON Schema of what each accepts (the OpenAPI document's).
 _TIMELINE_PARAMS: dict[str, Schema] = {
@@ -81,6 +96,44 @@ def install_timeline_route(app: QuartTrio, timeline: ClusterTimeline) -> None:
         result = await timeline.gather(since, limit)
         body = {
             "events": events_json(result.events),
+            "dropped": result.dropped,
+            "answered": list(result.answered),
+            "unanswered": [{"node": u.node, "reason": u.reason} for u in result.unanswered],
+        }
+        return json_response(body, 200)
+
+
+def install_request_route(app: QuartTrio, timeline: ClusterTimeline) -> None:
+    """Add ``GET /v1/requests/{request_id}`` to ``app``."""
+
+    @app.get("/v1/requests/<path:request_id>")
+    async def one_request(request_id: str) -> Response:
+        try:
+            check_request_id(request_id)
+        except ValueError as exc:
+            raise ApiError.invalid("request_id", f"request_id: {exc}") from None
+        result = await timeline.gather(0.0, MAX_LIMIT, request_id)
+        if not result.events:
+            raise ApiError.not_found(
+                f"no node has an event of request {request_id!r} (unknown, or forgotten)",
+                code="request_not_found",
+            )
+        events = [
+            {
+                "at": e.at,
+                "node_id": e.node,
+                "kind": e.kind,
+                "detail": e.detail,
+                "model": e.model,
+                "instance": e.instance,
+                "rank": e.rank,
+                "incarnation": e.incarnation,
+            }
+            for e in result.events
+        ]
+        body = {
+            "request_id": request_id,
+            "events": events,
             "dropped": result.dropped,
             "answered": list(result.answered),
             "unanswered": [{"node": u.node, "reason": u.reason} for u in result.unanswered],

@@ -8,6 +8,10 @@ offending parameter, code, type); :func:`render_error` shapes it for the route t
 * Ollama (``/api/…``): ``{"error": "message"}``;
 * everything else: OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 
+Under a request (:class:`~skulk.api._guard.RequestGuard`), each envelope also carries the
+request's id, ``request_id``: inside the ``error`` object (OpenAI, Anthropic), at the top
+level (Ollama).
+
 Every place that answers an error — the app's handlers, the request guard below the app,
 mid-stream error events — goes through here, so a client never sees another format's shape.
 """
@@ -15,6 +19,7 @@ mid-stream error events — goes through here, so a client never sees another fo
 from __future__ import annotations
 
 from skulk.api._errors import ApiError
+from skulk.tracing import current_request_id
 
 ANTHROPIC_PREFIX = "/v1/messages"
 OLLAMA_PREFIX = "/api/"
@@ -37,11 +42,16 @@ def anthropic_envelope(err: ApiError) -> dict[str, object]:
     kind = _ANTHROPIC_TYPES.get(err.status)
     if kind is None:
         kind = "invalid_request_error" if err.status < 500 else "api_error"
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    error: dict[str, object] = {"type": kind, "message": err.message}
+    if (request_id := current_request_id()) is not None:
+        error["request_id"] = request_id
+    return {"type": "error", "error": error}
 
 
 def ollama_envelope(err: ApiError) -> dict[str, object]:
     """``err`` in Ollama's envelope (also a failed NDJSON stream's last line)."""
+    if (request_id := current_request_id()) is not None:
+        return {"error": err.message, "request_id": request_id}
     return {"error": err.message}
 
 

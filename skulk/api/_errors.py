@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+from skulk.tracing import current_request_id
+
 # OpenAI's own ``error.type`` values (the openai client picks its exception class from the HTTP
 # status, not from these, but other clients log and branch on them).
 INVALID_REQUEST = "invalid_request_error"
@@ -95,14 +97,15 @@ class ApiError(Exception):
 
     def envelope(self) -> dict[str, object]:
         """The JSON body OpenAI sends with an error status (and as a mid-stream SSE event)."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
         }
+        if (request_id := current_request_id()) is not None:  # under a request: its id
+            error["request_id"] = request_id
+        return {"error": error}
 
     # ---- 400: the request is wrong ----------------------------------------------------------
 

@@ -29,7 +29,15 @@ for every HTTP request:
    (``HTTPStream._send_closed`` sets its state only after the last send, while the client's
    close arrives as ``StreamClosed``), so a fast client got two lines, one with ``- -``.
 
-WebSocket connections get 4 and 5 (status 101, logged when the socket ends).
+6. **Names the request** (:mod:`skulk.tracing`): its id is the client's ``x-request-id``
+   header when it sends a valid one, else a fresh one; everything the request does runs in its
+   :func:`~skulk.tracing.request_scope` (log lines, error bodies, the routing hop carry it) and
+   every response, error or not, streamed or not, has the ``x-request-id`` header. An invalid
+   header (over 128 characters, a character outside ``A-Z a-z 0-9 . _ : - + = / @``, or the
+   header given twice) is answered 400 naming ``x-request-id``, under a fresh id.
+
+WebSocket connections get 4, 5 and 6 (status 101, logged when the socket ends; the id in the
+accept's headers; an invalid id refuses the socket with a 400).
 """
 
 from __future__ import annotations
@@ -48,6 +56,12 @@ from hypercorn.typing import Scope as ASGIScope
 
 from skulk.api._error_formats import render_error
 from skulk.api._errors import ApiError
+from skulk.tracing import (
+    REQUEST_ID_HEADER,
+    check_request_id,
+    new_request_id,
+    request_scope,
+)
 
 # Inside, ASGI's shapes loosely typed: Hypercorn's TypedDict unions add nothing at this level.
 Scope = MutableMapping[str, Any]
@@ -118,21 +132,27 @@ class RequestGuard:
         started = time.monotonic()
         exchange = _Exchange()
         owned: list[Cleanup] = []
-        token = _owned.set(owned)
-        try:
-            if scope["type"] == "http":
-                await self._http(scope, receive, _tracking(send, exchange))
-            else:
-                await self._app(scope, receive, _tracking(send, exchange))
-        except Exception:
-            if exchange.status is None:
-                exchange.status = 500  # what Hypercorn answers for an app that failed
-            raise
-        finally:
-            _owned.reset(token)
-            if owned:
-                await _close_all(owned)
-            self._log(scope, exchange, time.monotonic() - started)
+        request_id, refusal = _request_id(scope)
+        what = f"{scope.get('method', 'GET')} {clip(str(scope.get('path', '')), 200)}"
+        with request_scope(request_id, received=what):
+            token = _owned.set(owned)
+            try:
+                tracked = _tracking(send, exchange, request_id)
+                if refusal is not None:
+                    await _refuse(scope, tracked, refusal)
+                elif scope["type"] == "http":
+                    await self._http(scope, receive, tracked)
+                else:
+                    await self._app(scope, receive, tracked)
+            except Exception:
+                if exchange.status is None:
+                    exchange.status = 500  # what Hypercorn answers for an app that failed
+                raise
+            finally:
+                _owned.reset(token)
+                if owned:
+                    await _close_all(owned)
+                self._log(scope, exchange, time.monotonic() - started)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = _content_length(scope)
@@ -192,11 +212,48 @@ class RequestGuard:
         )
 
 
-def _tracking(send: Send, exchange: _Exchange) -> Send:
-    """``send`` that records the status and shields (bounded) the response's last message."""
+def _request_id(scope: Scope) -> tuple[str, ApiError | None]:
+    """The request's id (the client's ``x-request-id``, else a fresh one) and, when the client
+    sent an invalid one, the 400 to answer (under a fresh id)."""
+    sent = [
+        bytes(value).decode("latin-1")
+        for key, value in scope.get("headers", ())
+        if bytes(key).lower() == REQUEST_ID_HEADER.encode()
+    ]
+    if not sent:
+        return new_request_id(), None
+    if len(sent) > 1:
+        why = f"{REQUEST_ID_HEADER} is given {len(sent)} times"
+        return new_request_id(), ApiError.invalid(REQUEST_ID_HEADER, why)
+    try:
+        return check_request_id(sent[0]), None
+    except ValueError as exc:
+        return new_request_id(), ApiError.invalid(REQUEST_ID_HEADER, f"{REQUEST_ID_HEADER}: {exc}")
+
+
+async def _refuse(scope: Scope, send: Send, error: ApiError) -> None:
+    """Answer ``error`` without calling the app (a WebSocket: refused before it opens)."""
+    if scope["type"] == "http":
+        await _reply(scope, send, error, close=False)
+    elif "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps(render_error(str(scope.get("path", "")), error)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        start = {"type": "websocket.http.response.start", "status": error.status}
+        await send({**start, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+def _tracking(send: Send, exchange: _Exchange, request_id: str) -> Send:
+    """``send`` that records the status, adds the ``x-request-id`` header and shields
+    (bounded) the response's last message."""
+    id_header = (REQUEST_ID_HEADER.encode(), request_id.encode())
 
     async def tracked(message: Message) -> None:
         kind = message["type"]
+        if kind in ("http.response.start", "websocket.http.response.start", "websocket.accept"):
+            message = {**message, "headers": [*message.get("headers", ()), id_header]}
         if kind in ("http.response.start", "websocket.http.response.start"):
             exchange.status = int(message["status"])
             for name, value in message.get("headers", ()):

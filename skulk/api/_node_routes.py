@@ -13,6 +13,7 @@ from quart_trio import QuartTrio
 
 from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
+from skulk.api._node_health import add_health
 from skulk.cluster import State
 from skulk.consensus import ConsensusService
 from skulk.control import ClusterControl
@@ -116,7 +117,8 @@ def install_mesh_routes(
 
     @app.get("/v1/cluster/nodes")
     async def cluster_nodes() -> Response:
-        """Every node: gossiped readings, and its committed status in the State."""
+        """Every node: gossiped readings, its committed status in the State, its derived
+        health and the runners it serves."""
         rows = gossip.nodes_json()["nodes"] if gossip is not None else []
         assert isinstance(rows, list)
         state = control.state if control is not None else None
@@ -127,8 +129,10 @@ def install_mesh_routes(
             seen.add(row["node_id"])
         for node in state.nodes if state is not None else ():
             if node.id not in seen:  # in the State, no readings (down for a while)
-                rows.append({"node_id": node.id, "status": node.status, "age_s": None})
-        return json_response({"nodes": rows}, 200)
+                age = gossip.last_seen_age(node.id) if gossip is not None else None
+                rows.append({"node_id": node.id, "status": node.status, "age_s": age})
+        view = gossip.store.view if gossip is not None else {}
+        return json_response({"nodes": add_health(rows, view, state or State())}, 200)
 
 
 def _service_health(s: ModelStatus) -> dict[str, object]:

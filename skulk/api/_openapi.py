@@ -237,6 +237,13 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
             )
         },
         "/openapi.json": {"get": _operation("/openapi.json", "This document.", {200: any_json})},
+        "/metrics": {
+            "get": _operation(
+                "/metrics",
+                "This node's Prometheus metrics (text format 0.0.4).",
+                {200: {"text/plain": {"schema": STR}}},
+            )
+        },
         "/v1/models": {
             "get": _operation("/v1/models", "The cluster's models.", {200: _json(ref("ModelList"))})
         },
@@ -318,7 +325,7 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
         "/v1/diagnostics/node": "This node's model services and runners.",
         "/v1/cluster/links": "This node's federation links.",
         "/v1/cluster/raft": "This node's consensus view.",
-        "/v1/cluster/nodes": "Every node's gossiped readings and status.",
+        "/v1/cluster/nodes": "Every node's gossiped readings, status, health and runners.",
     }
     for path, summary in node.items():
         errors = (503,) if path == "/v1/cluster/raft" else ()
@@ -343,6 +350,15 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
                 {200: any_json},
                 (400,),
                 parameters=params,
+            )
+        }
+        paths["/v1/requests/{request_id}"] = {
+            "get": _operation(
+                "/v1/requests/{request_id}",
+                "One request's events (x-request-id) from every node it touched, merged.",
+                {200: any_json},
+                (400, 404),
+                parameters=[_path_param("request_id", "The request's id.", "req-0123abcd")],
             )
         }
     if cluster:

@@ -7,14 +7,16 @@ import argparse
 from skulk.cli._http import DEFAULT_API
 
 #: The client subcommands, in the order ``--help`` lists them.
-CLIENT_COMMANDS = ("place", "ps", "nodes", "rm")
+CLIENT_COMMANDS = ("place", "ps", "nodes", "rm", "top")
 SHARDINGS = ("single", "pipeline", "tensor")
+#: ``--timeout`` unless given: one answer's deadline, and ``place --wait``'s whole wait.
 DEFAULT_TIMEOUT = 30.0
+DEFAULT_WAIT_TIMEOUT = 600.0
 
 
 def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``place``, ``ps``, ``nodes`` and ``rm`` to ``subparsers`` (the ``command`` dest);
-    :func:`skulk.cli.run_client_command` runs the parsed result."""
+    """Add ``place``, ``ps``, ``nodes``, ``rm`` and ``top`` to ``subparsers`` (the
+    ``command`` dest); :func:`skulk.cli.run_client_command` runs the parsed result."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--api",
@@ -36,8 +38,9 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "--timeout",
         metavar="SECONDS",
         type=_positive_float,
-        default=DEFAULT_TIMEOUT,
-        help=f"give up waiting for the answer after this long (default {DEFAULT_TIMEOUT:g})",
+        default=None,
+        help=f"give up waiting for the answer after this long (default {DEFAULT_TIMEOUT:g}; "
+        f"with place --wait, for the instance to be ready: default {DEFAULT_WAIT_TIMEOUT:g})",
     )
 
     place = subparsers.add_parser(
@@ -74,6 +77,12 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "--max-nodes", metavar="N", type=_positive_int, default=None, help="use at most N nodes"
     )
     place.add_argument("--dry-run", action="store_true", help="show the plan; place nothing")
+    place.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the instance's runners until it is ready (a progress bar on a terminal); "
+        "exit 1 if it fails, 3 if --timeout passes first",
+    )
 
     ps = subparsers.add_parser(
         "ps",
@@ -99,6 +108,16 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         description="Delete an instance everywhere. INSTANCE may be a unique prefix of its id.",
     )
     rm.add_argument("instance", metavar="INSTANCE", help="an instance id or a unique prefix")
+
+    top = subparsers.add_parser(
+        "top",
+        parents=[common],
+        help="a live view of the cluster's instances and nodes",
+        description="Show, refreshed every second until Ctrl-C, each instance (phase, requests "
+        "running/waiting, tokens/s, KV cache use, TTFT p50) and each node (health, memory, "
+        "load).",
+    )
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
 
 
 def flatten(groups: list[list[str]]) -> list[str]:

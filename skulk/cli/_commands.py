@@ -1,9 +1,11 @@
 """The client commands: a request (two for ``rm``: it resolves a prefix) and a table or JSON.
 
 Exit status: 0 done; 1 the server refused (its envelope's ``code`` and ``message`` on stderr
-as ``skulk: CODE: MESSAGE``), its answer was not understood, or an ``rm`` prefix matched several
-instances; 2 no answer from the API (and, from argparse, a bad command line); 130 interrupted
-(Ctrl-C). A placement interrupted while waiting may still be committed: ``ps`` tells.
+as ``skulk: CODE: MESSAGE``), its answer was not understood, an ``rm`` prefix matched several
+instances, or the instance ``place --wait`` follows failed; 2 no answer from the API (and, from
+argparse, a bad command line); 3 ``place --wait`` timed out; 130 interrupted (Ctrl-C; ``top``
+exits 0 on it, its usual way out). A placement interrupted while waiting may still be
+committed: ``ps`` tells.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 
 import attrs
 import httpx
 
-from skulk.cli._args import flatten
+from skulk.cli._args import DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT, flatten
 from skulk.cli._http import (
     DEFAULT_API,
     ApiClient,
@@ -35,6 +38,7 @@ from skulk.cli._tables import (
     shards_table,
     text,
 )
+from skulk.cli._wait import follow, poll_instance
 
 #: How many candidates an ambiguous ``rm`` prefix lists before "...".
 MAX_CANDIDATES_SHOWN = 8
@@ -61,23 +65,47 @@ def run_client_command(
     *,
     transport: httpx.BaseTransport | None = None,
     env: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Run the client command ``args.command`` (parsed by :func:`add_client_commands`); return
     the exit status. Output goes to ``sys.stdout``, errors to ``sys.stderr`` as one line each.
-    ``transport`` replaces the network and ``env`` the environment (tests)."""
+    ``transport`` replaces the network, ``env`` the environment, ``clock`` and ``sleep`` time
+    (``place --wait`` and ``top``'s loop) (tests)."""
     environ = os.environ if env is None else env
     api = args.api or environ.get("SKULK_API") or DEFAULT_API
     # SKULK_API_KEY may list the node's keys (comma-separated): any one of them will do.
     key = args.api_key or environ.get("SKULK_API_KEY", "").split(",")[0].strip() or None
-    with ApiClient(api, timeout=args.timeout, transport=transport, api_key=key) as client:
+    timeout = request_timeout(args)
+    with ApiClient(api, timeout=timeout, transport=transport, api_key=key) as client:
         try:
-            return _COMMANDS[args.command](client, args)
+            return _COMMANDS[args.command](client, args, _Env(environ, clock, sleep))
         except ClientError as exc:
             print(f"skulk: {exc.describe()}", file=sys.stderr)
             return exc.exit_status
         except KeyboardInterrupt:  # Ctrl-C while waiting: the shell's convention, no traceback
             print("skulk: interrupted", file=sys.stderr)
             return 130
+
+
+def request_timeout(args: argparse.Namespace) -> float:
+    """One request's deadline: ``--timeout``, else :data:`DEFAULT_TIMEOUT`; under ``place
+    --wait`` (where ``--timeout`` bounds the whole wait) at most :data:`DEFAULT_TIMEOUT`."""
+    if getattr(args, "wait", False):
+        return min(wait_timeout(args), DEFAULT_TIMEOUT)
+    return DEFAULT_TIMEOUT if args.timeout is None else float(args.timeout)
+
+
+def wait_timeout(args: argparse.Namespace) -> float:
+    """How long ``place --wait`` waits for ready: ``--timeout``, else the wait default."""
+    return DEFAULT_WAIT_TIMEOUT if args.timeout is None else float(args.timeout)
+
+
+@attrs.frozen
+class _Env:
+    environ: Mapping[str, str]
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
 
 
 def place_body(args: argparse.Namespace) -> dict[str, object]:
@@ -110,8 +138,11 @@ def resolve_instance(given: str, ids: list[str]) -> str:
     return matches[0] if matches else given
 
 
-def _place(client: ApiClient, args: argparse.Namespace) -> int:
+def _place(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
     answer = client.post("/v1/placements", place_body(args))
+    if args.wait and not args.dry_run:
+        instance = _object(answer, "instance", client.api + "/v1/placements")
+        return _wait_ready(client, args, env, text(instance.get("id")))
     if args.json:
         _print_json(answer)
         return 0
@@ -136,7 +167,7 @@ def _place(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ps(client: ApiClient, args: argparse.Namespace) -> int:
+def _ps(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
     answer = client.get("/v1/instances")
     if args.json:
         _print_json(answer)
@@ -153,7 +184,7 @@ def _ps(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _nodes(client: ApiClient, args: argparse.Namespace) -> int:
+def _nodes(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
     answer = client.get("/v1/cluster/nodes")
     if args.json:
         _print_json(answer)
@@ -162,7 +193,7 @@ def _nodes(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _rm(client: ApiClient, args: argparse.Namespace) -> int:
+def _rm(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
     listed = _objects(client.get("/v1/instances"), "instances", client.api + "/v1/instances")
     ids = [i for i in (instance.get("id") for instance in listed) if isinstance(i, str)]
     instance_id = resolve_instance(args.instance, ids)
@@ -174,11 +205,50 @@ def _rm(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS: dict[str, Callable[[ApiClient, argparse.Namespace], int]] = {
+def _wait_ready(client: ApiClient, args: argparse.Namespace, env: _Env, instance: str) -> int:
+    """``place --wait``: the bar (or lines) on stderr, then on stdout ``ready ID: ...`` and
+    its shards (with ``--json``, ``{"instance": ...}`` as ``GET /v1/instances/{id}`` answers)."""
+    from skulk.cli._wait_report import wait_reporter
+
+    print(f"placed {instance}; waiting for it to be ready", file=sys.stderr, flush=True)
+    polled: list[JsonObject | None] = [None]
+
+    def poll() -> JsonObject | None:
+        polled[0] = poll_instance(client, instance)
+        return polled[0]
+
+    with wait_reporter(sys.stderr, instance) as report:
+        follow(
+            poll,
+            instance,
+            timeout=wait_timeout(args),
+            report=report,
+            clock=env.clock,
+            sleep=env.sleep,
+        )
+    answer = polled[0]  # the instance as it was when ready
+    if args.json:
+        _print_json({"instance": answer if answer is not None else {"id": instance}})
+    elif answer is not None and "model" in answer:
+        print(f"ready {instance}: {text(answer.get('model'))} ({text(answer.get('sharding'))})")
+        print(shards_table(answer))
+    else:
+        print(f"ready {instance}")
+    return 0
+
+
+def _top(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
+    from skulk.cli._top_loop import run_top
+
+    return run_top(client, once=args.once, as_json=args.json, environ=env.environ, sleep=env.sleep)
+
+
+_COMMANDS: dict[str, Callable[[ApiClient, argparse.Namespace, _Env], int]] = {
     "place": _place,
     "ps": _ps,
     "nodes": _nodes,
     "rm": _rm,
+    "top": _top,
 }
 
 

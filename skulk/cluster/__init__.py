@@ -22,7 +22,8 @@ submitter reads ``decode_result(data)`` (:data:`RESULT_CODEC`). The leader's sid
 
 :func:`plan` answers a :class:`Plan` or a typed :data:`PlacementFailure`
 (:class:`NotEnoughMemory`, :class:`NoCandidateNodes`, ...); :func:`state_hash` is the State's
-canonical digest (replicas compare it).
+canonical digest (replicas compare it). :func:`node_health` derives a node's health (level and
+reasons with remedies) from its telemetry and the State.
 """
 
 from ._apply import COMMAND_CODEC, apply
@@ -33,6 +34,7 @@ from ._duties import (
     failed_nodes,
     next_commands,
 )
+from ._health import LATE_AFTER_S, HealthReason, NodeHealth, down_after_s, node_health
 from ._machine import RESULT_CODEC, ClusterMachine, decode_result, encode_command
 from ._placement import (
     ModelNeeds,
@@ -57,14 +59,17 @@ from ._state import Instance, State, state_hash
 
 __all__ = [
     "COMMAND_CODEC",
+    "LATE_AFTER_S",
     "RESULT_CODEC",
     "ClusterMachine",
+    "HealthReason",
     "Instance",
     "LeaderView",
     "ModelNeeds",
     "NoCandidateNodes",
     "NoComputePort",
     "NodeCapacity",
+    "NodeHealth",
     "NotEnoughMemory",
     "PlacementFailure",
     "PlacementInfoPending",
@@ -79,12 +84,14 @@ __all__ = [
     "apply",
     "culprit_nodes",
     "decode_result",
+    "down_after_s",
     "encode_command",
     "failed_nodes",
     "held_bytes",
     "model_needs",
     "next_commands",
     "node_capacities",
+    "node_health",
     "plan",
     "state_hash",
 ]

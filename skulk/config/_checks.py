@@ -55,6 +55,10 @@ def _level(value: object) -> str | None:
     return None if value in ("debug", "info", "warning", "error") else "debug/info/warning/error"
 
 
+def _log_format(value: object) -> str | None:
+    return None if value in ("text", "json") else "text or json"
+
+
 def _faults(value: object) -> str | None:
     from skulk.engine.faults import Faults, FaultSpecError
 

@@ -20,6 +20,7 @@ from skulk.config._checks import (
     _level,
     _link_liveness,
     _listen,
+    _log_format,
     _port,
     _port_range,
     _positive,
@@ -66,6 +67,9 @@ OPTIONS: tuple[Option, ...] = (
            "model the cluster must have an instance of: a name or an mlx-lm model directory; "
            "'none' joins as capacity only (a joining node left at the default does too)"),
     Option("log_level", str, "debug, info, warning or error", _level),
+    Option("log_format", str,
+           "text or json: one JSON object per line with timestamp, level, logger, "
+           "node, request_id, instance and message", _log_format),
     Option("stream_interval", float,
            "seconds between streamed deltas after the first token; 0 sends every token",
            _seconds),

@@ -39,6 +39,7 @@ class ServeConfig:
     model: str = DEFAULT_MODEL
     model_given: bool = False  # --model (or SKULK_MODEL) was set explicitly
     log_level: str = "info"
+    log_format: str = "text"  # or "json" (skulk.tracing)
     stream_interval: float = 0.02
     # runner deadlines (seconds); the defaults are the runner's own
     hello_timeout: float = _RUNNER.hello_timeout

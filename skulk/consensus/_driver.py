@@ -116,6 +116,7 @@ class RaftDriver(Submitting[S], DriverStorage[S]):
             snapshots=self._snapshots,
             disk_failures=self._disk_failures,
             reopen_attempts=self._reopens,
+            leader_changes=self._leader_changes,
         )
 
     @property

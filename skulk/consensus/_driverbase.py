@@ -61,6 +61,8 @@ class DriverBase(Generic[S]):
         self._changed = trio.Event()
         self._applied_changed = trio.Event()
         self._seen: tuple[Role, NodeId | None, int] | None = None
+        self._leader_changes = 0  # leaders (term, node) this node came to know
+        self._known_leader: tuple[int, NodeId] | None = None
         self._queue: collections.deque[Batch] = collections.deque([Batch()])
         self._work = trio.Event()  # the open batch got something
         self._nursery: trio.Nursery | None = None  # run's: an offered message's crash ends it
@@ -113,6 +115,9 @@ class DriverBase(Generic[S]):
         if seen == self._seen:
             return
         old = self._seen
+        if seen is not None and seen[1] is not None and self._known_leader != (seen[2], seen[1]):
+            self._known_leader = (seen[2], seen[1])
+            self._leader_changes += 1
         if (
             old is not None
             and old[0] is Role.LEADER

@@ -110,3 +110,5 @@ class DriverStatistics:
     snapshots: int
     disk_failures: int
     reopen_attempts: int
+    #: leaders this node came to know: one per term that had a leader here (the first too)
+    leader_changes: int = 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from skulk.wire.cluster import (
     ControlReply,
     ModelCard,
     Placed,
+    PlaceInstance,
     PlacementAsk,
     RegisterModel,
     Rejected,
@@ -94,6 +96,9 @@ class ClusterControl:
         self._duties = LeaderDuties(
             self._sight, consensus, self.submit, self._ask_lock, duty_interval
         )
+        #: Placements this node committed (as leader: asks, duties), by (kind, reason): see
+        #: :func:`placement_cause`.
+        self.placements: Counter[tuple[str, str]] = Counter()
 
     # ---- the State ----
 
@@ -116,6 +121,7 @@ class ClusterControl:
         once and in ``seq`` order (a lower ``seq`` arriving after a higher one is taken for a
         retry and skipped), so concurrent submitters of this node (duties, runner reports, the
         API) must not overtake one another under the one client id."""
+        cause = placement_cause(self.state, command) if isinstance(command, PlaceInstance) else None
         try:
             async with self._submit_lock:
                 data = await self._driver.submit(
@@ -129,7 +135,10 @@ class ClusterControl:
         except ConsensusError as exc:
             code = "unavailable"
             raise ControlUnavailable(code, f"the cluster cannot commit now: {exc}") from exc
-        return decode_result(data)
+        result = decode_result(data)
+        if cause is not None and not isinstance(result, Rejected):
+            self.placements[cause] += 1
+        return result
 
     async def register_model(self, name: str) -> str:
         """Make sure the model ``name`` resolves to on this node has a card in the State; its
@@ -275,6 +284,27 @@ class ClusterControl:
                 said = True
             await trio.sleep(delay)
             delay = min(30.0, delay * 2)
+
+
+def placement_cause(state: State, command: PlaceInstance) -> tuple[str, str]:
+    """Why ``command`` places an instance, as ``(kind, reason)``: ``("placement", "new")``
+    for a new instance (an operator's or ``--model``'s); for a re-placement (``replaces``),
+    ``("replacement", "node_down")`` when a node of the replaced instance is not up in
+    ``state``, else the failure one of its runners reported (``runner_crashed``, ...), else
+    ``"other"``."""
+    if command.replaces is None:
+        return "placement", "new"
+    old = state.instance(command.replaces)
+    if old is None:
+        return "replacement", "other"
+    for shard in old.shards:
+        node = state.node(shard.node)
+        if node is None or node.status != "up":
+            return "replacement", "node_down"
+    failures = sorted(
+        r.failure for r in state.runners if r.instance == old.id and r.failure is not None
+    )
+    return "replacement", failures[0] if failures else "other"
 
 
 def model_id(name_or_path: str) -> str:

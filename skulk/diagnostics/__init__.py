@@ -5,6 +5,8 @@
     result = await timeline.gather(since=0.0, limit=500)   # GET /v1/diagnostics/cluster/timeline
     events_json(result.events)                             # the events as that route shows them
 
+    result = await timeline.gather(0.0, MAX_LIMIT, request_id)  # GET /v1/requests/{id}
+
 ``local_source`` is any callable returning this node's :class:`~skulk.wire.diagnostics.
 TimelineEvent`\\ s (:func:`runner_events` turns runners' flight recorders into them).
 """
@@ -15,6 +17,7 @@ from ._timeline import (
     TIMELINE_METHOD,
     ClusterTimeline,
     events_json,
+    journal_events,
     runner_events,
 )
 
@@ -24,5 +27,6 @@ __all__ = [
     "TIMELINE_METHOD",
     "ClusterTimeline",
     "events_json",
+    "journal_events",
     "runner_events",
 ]

@@ -9,6 +9,11 @@ deadline, and merges what came back with this node's events; a peer that does no
 time (or has no link, or refuses) is listed in :attr:`TimelineResult.unanswered`, never waited
 on longer. Sizes are bounded: each node sends at most ``limit`` events (its most recent at or
 after ``since``) and the merge keeps the most recent ``limit`` of all.
+
+One request's timeline (``gather(..., request_id=...)``, ``GET /v1/requests/{id}``): each node
+answers only the events about that request, its runners' and, from a :data:`RequestSource`,
+its own node-level ones (:func:`journal_events`: received, routed, admitted, the route hop,
+done; ``incarnation`` 0 marks them).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import trio
 
 from skulk.federation import LinkError, PeerUnreachable, RpcFailed, RpcTimeout
 from skulk.runner import FlightEvent
+from skulk.tracing import RequestJournal, check_request_id
 from skulk.wire import Codec, WireError
 from skulk.wire.diagnostics import DiagnosticsFrame, TimelineAsk, TimelineEvent, TimelineReply
 
@@ -38,6 +44,9 @@ CODEC: Codec[DiagnosticsFrame] = Codec(DiagnosticsFrame)
 
 TimelineSource = Callable[[], Iterable[TimelineEvent]]
 """This node's runner events, in any order (called on the event loop: must not block)."""
+
+RequestSource = Callable[[str], Iterable[TimelineEvent]]
+"""This node's own (not its runners') events about one request, by the request's id."""
 
 
 class RunnerHistory(Protocol):
@@ -77,6 +86,17 @@ def runner_events(
         )
         for r in runners
         for e in r.flight_events()
+    ]
+
+
+def journal_events(node: str, journal: RequestJournal, request_id: str) -> list[TimelineEvent]:
+    """The events ``journal`` (node ``node``'s) holds about ``request_id``, as timeline events:
+    rank 0, incarnation 0 (no runner), the model and instance the request was routed to."""
+    return [
+        TimelineEvent(
+            e.at, node, e.model, e.instance, 0, 0, e.kind, e.detail[:MAX_DETAIL], e.request_id
+        )
+        for e in journal.events(request_id)
     ]
 
 
@@ -123,17 +143,25 @@ class ClusterTimeline:
         link: Callable[[str], RpcCaller | None],
         *,
         timeout: float = 2.0,
+        requests: RequestSource | None = None,
     ) -> None:
         self.node_id = node_id
         self._local = local
+        self._requests = requests
         self._peers = peers
         self._link = link
         self._timeout = timeout
 
-    def local_events(self, since: float, limit: int) -> TimelineReply:
+    def local_events(
+        self, since: float, limit: int, request_id: str | None = None
+    ) -> TimelineReply:
         """This node's answer to a :class:`TimelineAsk`."""
         try:
             events = list(self._local())
+            if request_id is not None:
+                events = [e for e in events if e.request_id == request_id]
+                if self._requests is not None:
+                    events += self._requests(request_id)
         except Exception:  # a bug in a source must not fail the whole timeline
             log.exception("timeline: reading this node's runner events failed")
             events = []
@@ -148,16 +176,24 @@ class ClusterTimeline:
             raise RpcFailed("bad_request", str(exc)[:200]) from None
         if not isinstance(ask, TimelineAsk) or not 1 <= ask.limit <= MAX_LIMIT:
             raise RpcFailed("bad_request", f"expected a TimelineAsk with 1 <= limit <= {MAX_LIMIT}")
-        return CODEC.encode(self.local_events(ask.since, ask.limit))
+        if ask.request_id is not None:
+            try:
+                check_request_id(ask.request_id)
+            except ValueError as exc:
+                raise RpcFailed("bad_request", f"request_id: {exc}") from None
+        return CODEC.encode(self.local_events(ask.since, ask.limit, ask.request_id))
 
-    async def gather(self, since: float, limit: int) -> TimelineResult:
+    async def gather(
+        self, since: float, limit: int, request_id: str | None = None
+    ) -> TimelineResult:
         """Every reachable node's events at or after ``since``, the most recent ``limit``
-        (see the module doc). Returns within about the per-peer timeout."""
-        own = self.local_events(since, limit)
+        (see the module doc); with ``request_id``, only that request's. Returns within about
+        the per-peer timeout."""
+        own = self.local_events(since, limit, request_id)
         replies: dict[str, TimelineReply] = {self.node_id: own}
         missing: list[Unanswered] = []
         peers = sorted({p for p in self._peers() if p != self.node_id})
-        body = CODEC.encode(TimelineAsk(since, limit))
+        body = CODEC.encode(TimelineAsk(since, limit, request_id))
 
         async def ask(peer: str) -> None:
             link = self._link(peer)

@@ -61,9 +61,10 @@ class Row:
     """One request's decode state. ``tokens``: its prompt, then every token sampled for it;
     ``fed``: how many of them its KV cache holds (what a prefix cache may keep);
     ``cached_tokens``: prompt tokens reused from the prefix cache; ``reserved``: KV bytes the
-    runner's budget holds for it; ``constraint``: its grammar state when it asked for
-    structured output (see :func:`_hand_out` and :meth:`Batch.step`); ``tool_text``: its
-    emitted text, kept when it offered tools to a model with a tool parser
+    runner's budget holds for it; ``queued_at`` (monotonic seconds) when it was ready for the
+    budget, ``queue_seconds`` how long it waited for it; ``constraint``: its grammar state
+    when it asked for structured output (see :func:`_hand_out` and :meth:`Batch.step`);
+    ``tool_text``: its emitted text, kept when it offered tools to a model with a tool parser
     (:mod:`skulk.engine._tool_parse`)."""
 
     request_id: str
@@ -73,6 +74,8 @@ class Row:
     fed: int = 0
     cached_tokens: int = 0
     reserved: int = 0
+    queued_at: float = 0.0
+    queue_seconds: float = 0.0
     speculation: Speculation | None = None
     constraint: Constraint | None = None
     tool_text: ToolText | None = None

@@ -41,6 +41,7 @@ from skulk.wire.runner import (
     Generate,
     GenerationEnd,
     Load,
+    PrefillProgress,
     RequestFailed,
     TokenChunk,
     Tokenize,
@@ -146,6 +147,7 @@ class Scheduler:
             self._fail(req.request_id, exc.reason, exc.message)
             return
         row.tool_text = ToolText.open(self._engine.tokenizer, req.prompt)
+        row.queued_at = time.monotonic()
         refusal = self.budget.refusal(len(prepared.tokens), req.params.max_tokens)
         if refusal is not None:
             self._fail(req.request_id, *refusal)
@@ -169,6 +171,8 @@ class Scheduler:
     def _admit(self, row: Row, need: int) -> None:
         self.budget.take(need)
         row.reserved = need
+        if row.queued_at:
+            row.queue_seconds = max(0.0, time.monotonic() - row.queued_at)
         hit = self.prefix.fetch(row.tokens)
         if hit is None:
             self.prefills.append(Prefill(self._engine, row, self._engine.new_cache()))
@@ -176,6 +180,10 @@ class Scheduler:
             cache, reused = hit
             row.cached_tokens = reused
             self.prefills.append(Prefill(self._engine, row, cache, reused))
+        self._prefill_progress(row)
+
+    def _prefill_progress(self, row: Row) -> None:
+        self._link.send(PrefillProgress(row.request_id, row.fed, row.out.prompt_tokens))
 
     def _release(self, row: Row) -> None:
         """Give ``row``'s KV bytes back and admit the queued requests that now fit, in order."""
@@ -213,6 +221,7 @@ class Scheduler:
             self._release(row)
             self._fail(row.request_id, "engine_error", f"prefill failed: {exc}")
             return
+        self._prefill_progress(row)
         if first is None:  # a whole chunk, evaluated: its time is the model's prefill speed
             self.pacer.record(row.fed - fed, time.perf_counter() - started)
             self._faults.hit("prefill", prefill.chunks)
@@ -345,6 +354,8 @@ class Scheduler:
 def finished(row: Row, reason: FinishReason) -> Finished:
     """The ``Finished`` that ends ``row``, with the tool calls its model's parser read from
     its text when it offered tools (:mod:`skulk.engine._tool_parse`)."""
-    end = GenerationEnd(reason, row.usage(), row.out.stop_sequence)
+    end = GenerationEnd(
+        reason, row.usage(), row.out.stop_sequence, queue_seconds=row.queue_seconds
+    )
     return Finished(row.request_id, end if row.tool_text is None else row.tool_text.finish(end))
 

@@ -26,6 +26,7 @@ from skulk.federation import (
     StreamClaim,
     StreamClaims,
 )
+from skulk.tracing import current_request_id, note
 from skulk.wire import FrameTooLarge, WireError
 from skulk.wire.routing import (
     RouteAsk,
@@ -83,15 +84,18 @@ class RouteCaller:
     ) -> AsyncGenerator[str | GenerationEnd, None]:
         request_id = uuid.uuid4().hex
         try:
-            body = REQUEST_CODEC.encode(RouteRequest(request_id, instance, prompt, params))
+            ask = RouteRequest(request_id, instance, prompt, params, current_request_id())
+            body = REQUEST_CODEC.encode(ask)
         except WireError as exc:
             raise RequestFailure("invalid_request", f"the request cannot be sent: {exc}") from None
         link = self._mesh.link(node)
         if link is None:
             raise NodeUnreachable(node, "no link to it")
         async with self._claims.expect(request_id, node) as claim:
+            note("route.hop", f"to node {node} (route {request_id})")
             await self._ask(link, node, instance, body)
             receiver = await self._answer_stream(link, node, claim)
+            note("route.stream", f"node {node} answers")
             while True:
                 match await self._next_item(node, receiver):
                     case RouteDelta(text=text, logprobs=logprobs):

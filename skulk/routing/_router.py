@@ -8,6 +8,10 @@ the instance's :class:`~skulk.worker.ModelService`, remotely through :class:`Rem
 (rpc admission, then a credit-controlled data stream back; never through the leader, never in
 the log).
 
+Every generation the router serves, and every request it cannot route, is observed in the
+node's :class:`~skulk.metrics.NodeMetrics` (``route``: ``local`` or ``remote``), here where
+the request was received, so each request counts once in the cluster.
+
 Failures are typed: :class:`ModelNotPlaced` (no instance of the model anywhere; 404 when the
 model is unknown, 503 when it is registered), :class:`NoReadyInstance` (instances exist, none
 is ready: 503 with their states), and what serving raises (``Overloaded`` → 429 with
@@ -23,11 +27,14 @@ from contextlib import aclosing
 import attrs
 
 from skulk.cluster import Instance, State
+from skulk.metrics import NodeMetrics
+from skulk.tracing import note, serving
 from skulk.wire.cluster import ModelCard
 from skulk.wire.runner import EmbedInput, GenerationEnd, Prompt, SamplingParams
-from skulk.worker import Embedding, ModelService
+from skulk.worker import Embedding, ModelService, ModelUnavailable, RequestFailure
 
 from ._admission import Admission
+from ._errors import Overloaded, RemoteUnavailable
 from ._remote import RemoteRouting
 
 
@@ -75,7 +82,8 @@ class ModelListing:
 class Router:
     """See the module doc. ``state()`` is the applied cluster State; ``local(instance)`` the
     service running an instance's rank 0 here (or None); ``linked(node)``: a live link;
-    ``load(node)``: the node's gossiped load (1-minute load average; 0 when unknown)."""
+    ``load(node)``: the node's gossiped load (1-minute load average; 0 when unknown);
+    ``metrics``: where requests are observed (a registry of its own when not given)."""
 
     def __init__(
         self,
@@ -86,6 +94,7 @@ class Router:
         remote: RemoteRouting,
         admission: Admission,
         load: Callable[[str], float] = lambda node: 0.0,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self.node_id = node_id
         self._state = state
@@ -95,6 +104,7 @@ class Router:
         self._admission = admission
         self._load = load
         self._in_flight: collections.Counter[str] = collections.Counter()
+        self.metrics = metrics if metrics is not None else NodeMetrics()
 
     def instance_state(self, state: State, instance: Instance) -> str:
         """``ready``, ``loading``, ``failed`` or ``unreachable`` as this node sees it."""
@@ -150,10 +160,15 @@ class Router:
         state = self._state()
         instances = [i for i in state.instances if i.model == model]
         if not instances:
-            raise ModelNotPlaced(model, registered=state.model(model) is not None)
+            registered = state.model(model) is not None
+            # An unknown name is not a label value: clients choose it (unbounded series).
+            reason = "no_instance" if registered else "model_not_found"
+            self.metrics.requests.refused(model if registered else "", "", "none", reason)
+            raise ModelNotPlaced(model, registered=registered)
         states = {i.id: self.instance_state(state, i) for i in instances}
         ready = [i for i in instances if states[i.id] == "ready"]
         if not ready:
+            self.metrics.requests.refused(model, "", "none", "not_ready")
             raise NoReadyInstance(model, states)
         local = [i for i in ready if i.shards[0].node == self.node_id]
         pool = local or ready
@@ -164,23 +179,45 @@ class Router:
     async def generate(
         self, route: Route, prompt: Prompt, params: SamplingParams
     ) -> AsyncGenerator[str | GenerationEnd, None]:
-        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`."""
+        """Serve one request on ``route``: text deltas, then one :class:`GenerationEnd`.
+
+        Under a request (:func:`skulk.tracing.request_scope`) it notes where the request went
+        (``request.routed``, ``request.admitted`` for a local instance) and how it ended here
+        (``request.done``, ``request.error``)."""
+        observed = self.metrics.requests.start(
+            route.model, route.instance, "local" if route.local else "remote"
+        )
         self._in_flight[route.instance] += 1
+        serving(route.instance, route.model)
+        where = "this node" if route.local else f"node {route.node}"
+        note("request.routed", f"instance {route.instance} on {where}")
         try:
             if route.local:
                 service = self._local(route.instance)
                 if service is None:
                     raise NoReadyInstance(route.model, {route.instance: "stopped"})
                 with self._admission.admit(route.instance):
+                    note("request.admitted", f"instance {route.instance}")
                     async with aclosing(service.generate(prompt, params)) as items:
                         async for item in items:
+                            observed.item(item)
+                            if isinstance(item, GenerationEnd):
+                                note("request.done", item.finish_reason)
                             yield item
             else:
                 async with aclosing(
                     self._remote.generate(route.node, route.instance, prompt, params)
                 ) as items:
                     async for item in items:
+                        observed.item(item)
+                        if isinstance(item, GenerationEnd):  # noted now: the consumer may
+                            note("request.done", item.finish_reason)  # close us at the end
                         yield item
+        except BaseException as exc:
+            observed.failed(failure_reason(exc))
+            if isinstance(exc, Exception):
+                note("request.error", f"{type(exc).__name__}: {str(exc)[:200]}")
+            raise
         finally:
             self._done(route)
 
@@ -219,3 +256,22 @@ class Router:
         self._in_flight[route.instance] -= 1
         if self._in_flight[route.instance] <= 0:
             del self._in_flight[route.instance]
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The typed reason a generation ended without its end, as the metrics count it:
+    the runner's own reason, ``overloaded`` (429), ``not_ready``, ``abandoned`` (the
+    consumer closed the generation before its end: a client that left a stream),
+    ``cancelled`` (its task was cancelled: a client that left a whole response, the node
+    stopping) or ``internal``."""
+    if isinstance(exc, RequestFailure):
+        return exc.reason
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, ModelUnavailable | RemoteUnavailable | NoReadyInstance):
+        return "not_ready"
+    if isinstance(exc, GeneratorExit):
+        return "abandoned"
+    if not isinstance(exc, Exception):  # trio.Cancelled (the node stops), KeyboardInterrupt
+        return "cancelled"
+    return "internal"

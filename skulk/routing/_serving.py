@@ -29,6 +29,7 @@ from skulk.federation import (
     StreamStopped,
     rpc_peer,
 )
+from skulk.tracing import check_request_id, note, request_scope
 from skulk.wire import WireError
 from skulk.wire.routing import (
     RouteAnswer,
@@ -140,7 +141,9 @@ class RouteServer:
             raise RpcFailed("bad_request", f"{method[:64]!r} is not answered here")
         try:
             request = REQUEST_CODEC.decode(body)
-        except WireError as exc:
+            if request.trace_id is not None:
+                check_request_id(request.trace_id)
+        except (WireError, ValueError) as exc:
             raise RpcFailed("bad_request", str(exc)[:200]) from None
         nursery = self._nursery
         if nursery is None:
@@ -168,7 +171,12 @@ class RouteServer:
             place.close()
             raise RpcFailed("no_link", str(exc)[:200]) from None
         self.served += 1
-        nursery.start_soon(self._serve, request, service, link, sender, place)
+        with contextlib.ExitStack() as traced:
+            if request.trace_id is not None:  # the task started runs under the API request's id
+                traced.enter_context(request_scope(request.trace_id, instance=request.instance))
+                note("route.arrived", f"from node {peer} (route {request.request_id})")
+                note("request.admitted", f"instance {request.instance}")
+            nursery.start_soon(self._serve, request, service, link, sender, place)
         return ADMITTED
 
     async def _serve(
@@ -185,6 +193,8 @@ class RouteServer:
         try:
             with place:
                 await self._stream(request, service, link, sender)
+            # The serving node's line per routed request (the API node logs its access line).
+            log.info("served a request routed from node %s", link.peer_id)
         except Exception as exc:  # a bug: it fails this request, never run() and its peers
             log.exception("serving routed request %s failed", request.request_id)
             failure = RouteFailed("internal_error", f"{type(exc).__name__} on the serving node")

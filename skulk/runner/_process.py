@@ -181,6 +181,11 @@ class Runner:
         last sent them; ``None`` until it sends one (a sharded rank, an older runner never)."""
         return self._pump.engine_stats
 
+    def recent_ttfts(self) -> tuple[float, ...]:
+        """Seconds from send to first token of this runner's most recent requests (at most
+        :data:`~skulk.runner._request_table.RECENT_TTFTS`), oldest first."""
+        return tuple(self._table.ttfts)
+
     def flight_events(self) -> tuple[FlightEvent, ...]:
         return self.recorder.events()
 

@@ -36,6 +36,7 @@ from skulk.wire.runner import (
     Finished,
     FromRunner,
     Heartbeat,
+    PrefillProgress,
     RequestFailed,
     RunnerFailed,
     TokenChunk,
@@ -83,6 +84,8 @@ class FramePump:
                     self._lifecycle.move("ready")
                 if delivery.cancel is not None:
                     nursery.start_soon(self._cancel, delivery.cancel)
+            elif isinstance(frame, PrefillProgress):
+                self._requests.prefilled(frame)
             elif not self.background(frame, _crashed):
                 raise ProtocolError(f"unexpected {type(frame).__name__} while serving")
             self._watchdog.rearm()

@@ -17,7 +17,9 @@ log = logging.getLogger("skulk.runner")
 class FlightEvent:
     """One thing that happened to a runner.
 
-    ``kind`` is one of ``phase``, ``progress``, ``request.start``, ``request.first_token``,
+    ``kind`` is one of ``phase``, ``progress``, ``request.start``, ``request.admitted_kv``
+    (the runner admitted it to its KV budget: the queue wait ends, prefill starts),
+    ``request.prefill`` (one prefill chunk done), ``request.first_token``,
     ``request.finish``, ``request.fail``, ``request.cancel``, ``heartbeat``, ``deadline``,
     ``paused`` (the node's own watchdog woke late: the node was paused, so its deadlines
     restarted instead of firing), ``signal``, ``exit``, and for a rank of a sharded instance

@@ -22,7 +22,8 @@ The gossip driver (the single consumer of ``mesh.events``) and this node's readi
     gossip.nodes_json()  # the body of GET /v1/cluster/nodes
 
 See :mod:`skulk.telemetry._gossip` for the rounds, the replies and what is skipped.
-:class:`FetchBoard` collects this node's weight fetches in progress for its readings.
+:class:`FetchBoard` collects this node's weight fetches in progress (and recent failed ones) for its
+readings.
 """
 
 from ._epoch import next_epoch

@@ -116,6 +116,9 @@ class TelemetryGossip:
         self._sends_busy = self._sends_unreachable = self._sends_failed = 0
         self._frames_failed = self._samples_failed = self._expired = 0
         self._learned = 0
+        # node id -> when its entry was last refreshed here, for entries since expired (so a
+        # dead node's row still says how long it has been silent); at most max_forgotten
+        self._last_seen: dict[str, float] = {}
 
     @property
     def store(self) -> TelemetryStore:
@@ -164,6 +167,15 @@ class TelemetryGossip:
             rows.append(row)
         return {"nodes": rows}
 
+    def last_seen_age(self, node_id: str) -> float | None:
+        """Seconds since this node last got a newer version of ``node_id``'s entry, whether
+        the store holds it still or dropped it on expiry (``None``: never, or too long ago to
+        remember)."""
+        at = self._store.refreshed_at(node_id)
+        if at is None:
+            at = self._last_seen.get(node_id)
+        return None if at is None else max(0.0, trio.current_time() - at)
+
     def statistics(self) -> GossipStatistics:
         return GossipStatistics(
             rounds=self._rounds,
@@ -193,8 +205,22 @@ class TelemetryGossip:
         except Exception:
             self._samples_failed += 1
             log.exception("telemetry: sampling this node's readings failed")
+        due = self._store.next_expiry()
+        refreshed: dict[str, float] = {}
+        if due is not None and due < now:  # some entry expires now: remember when it was seen
+            for node_id in self._store.view:
+                if (at := self._store.refreshed_at(node_id)) is not None:
+                    refreshed[node_id] = at
         gone = self._store.expire(now)
+        if self._last_seen:  # a node heard from again is the store's to date
+            for node_id in [n for n in self._last_seen if n in self._store.view]:
+                del self._last_seen[node_id]
         if gone:
+            for node_id in gone:
+                if node_id in refreshed:
+                    self._last_seen[node_id] = refreshed[node_id]
+            while len(self._last_seen) > self._store.config.max_forgotten:
+                del self._last_seen[next(iter(self._last_seen))]
             self._expired += len(gone)
             log.debug("telemetry: expired %s", ", ".join(quote(n) for n in gone))
         digest = self._store.digest()

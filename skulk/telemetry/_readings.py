@@ -16,12 +16,24 @@ import functools
 import importlib
 import os
 import platform
+import shutil
 import socket
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
-from skulk.wire.telemetry import MAX_FETCHES, ComputePorts, FetchProgress, NodeReadings
+from skulk.wire.telemetry import (
+    MAX_FETCH_FAILURES,
+    MAX_FETCHES,
+    MAX_SERVING,
+    ComputePorts,
+    DiskReading,
+    FetchFailure,
+    FetchProgress,
+    NodeReadings,
+    RunnerReading,
+)
 
 _MEMINFO = "/proc/meminfo"
 
@@ -36,11 +48,17 @@ def sample_readings(
     runner_bytes: int = 0,
     compute: ComputePorts | None = None,
     fetches: Iterable[FetchProgress] = (),
+    serving: Iterable[RunnerReading] = (),
+    models_dir: Path | None = None,
+    fetch_failures: Iterable[FetchFailure] = (),
 ) -> NodeReadings:
     """This node's readings now. ``sampled_at`` defaults to ``time.time()``. With
     ``memory_limit``, memory is capped as :func:`cap_memory` says (``runner_bytes``: what this
-    node's runners use now). ``compute`` and ``fetches`` are published as given (at most
-    :data:`~skulk.wire.telemetry.MAX_FETCHES` fetches).
+    node's runners use now). ``compute``, ``fetches``, ``serving`` and ``fetch_failures`` are
+    published as given (at most :data:`~skulk.wire.telemetry.MAX_FETCHES` fetches,
+    :data:`~skulk.wire.telemetry.MAX_SERVING` runners and the newest
+    :data:`~skulk.wire.telemetry.MAX_FETCH_FAILURES` failures). With ``models_dir``, the free
+    space of the file system holding it is read (:func:`disk_reading`; one ``statvfs``).
 
     Memory comes from ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) on Linux, else from
     ``os.sysconf`` (physical pages; available pages where the platform has them, otherwise the
@@ -65,7 +83,24 @@ def sample_readings(
         sampled_at=time.time() if sampled_at is None else sampled_at,
         compute=compute,
         fetches=tuple(fetches)[:MAX_FETCHES],
+        serving=tuple(serving)[:MAX_SERVING],
+        disk=None if models_dir is None else disk_reading(models_dir),
+        fetch_failures=tuple(fetch_failures)[-MAX_FETCH_FAILURES:],
     )
+
+
+def disk_reading(models_dir: Path) -> DiskReading | None:
+    """The free space of the file system holding ``models_dir`` (or its nearest existing
+    parent: a new node has no models directory yet); ``None`` when nothing can be read."""
+    path = Path(os.path.abspath(models_dir))
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError:
+        return None
+    return DiskReading(str(path), int(usage.free), int(usage.total))
 
 
 def cap_memory(

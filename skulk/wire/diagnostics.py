@@ -14,10 +14,13 @@ import attrs
 
 @attrs.frozen
 class TimelineAsk:
-    """Ask a node for its runners' events at or after ``since``, at most ``limit`` (>= 1)."""
+    """Ask a node for its runners' events at or after ``since``, at most ``limit`` (>= 1);
+    with ``request_id``, only the events about that request, its node-level events (routing,
+    admission: ``incarnation`` 0) included."""
 
     since: float
     limit: int
+    request_id: str | None = None
 
 
 @attrs.frozen

@@ -31,12 +31,16 @@ from . import runner as _runner  # not its names: the wire spec test reads this 
 @attrs.frozen
 class RouteRequest:
     """Serve ``prompt`` on ``instance`` (whose rank 0 runs on the called node) and stream the
-    answer back to the calling node under ``request_id`` (unique per calling node)."""
+    answer back to the calling node under ``request_id`` (unique per calling node).
+    ``trace_id``: the id of the API request this serves (its ``x-request-id``, not unique),
+    which the serving node's log lines and flight recorder carry; ``None`` when there is none
+    (an older sender)."""
 
     request_id: str
     instance: str
     prompt: _runner.Prompt
     params: _runner.SamplingParams
+    trace_id: str | None = None
 
 
 @attrs.frozen

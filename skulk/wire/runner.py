@@ -39,7 +39,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -299,13 +299,28 @@ class GenerationEnd:
     ``stop``). ``tool_calls``: the calls the model's own mlx-lm tool parser read from the
     answer of a request that offered tools (an ``id`` empty when the model gave none), with
     ``content`` the text without the call blocks; none (and ``content`` ``None``) when nothing
-    was read — see :mod:`skulk.engine._tool_parse`."""
+    was read — see :mod:`skulk.engine._tool_parse`. ``queue_seconds``: how long the request
+    waited, tokenized, for room in the runner's KV budget before it was admitted (the
+    ``skulk:request_queue_time_seconds`` metric)."""
 
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     content: str | None = None
+    queue_seconds: float = 0.0
+
+
+@attrs.frozen
+class PrefillProgress:
+    """Request ``request_id``'s prompt is being computed: ``done`` of its ``total`` tokens are
+    in its KV cache. Sent once when the request is admitted to the KV budget (``done``: the
+    tokens a prefix-cache hit reused, often 0) and after each prefill chunk (the last with
+    ``done == total``). It only marks the request's timeline; nothing waits for it."""
+
+    request_id: str
+    done: int
+    total: int
 
 
 @attrs.frozen
@@ -451,6 +466,7 @@ FromRunner = (
     | Loaded
     | WarmedUp
     | TokenChunk
+    | PrefillProgress
     | Finished
     | Tokenized
     | Embedded

@@ -55,6 +55,56 @@ class FetchProgress:
 
 
 @attrs.frozen
+class RunnerReading:
+    """A runner this node hosts: rank ``rank`` of ``instance`` (of ``model``) in runner
+    ``phase`` (the State's vocabulary: ``fetching``, ``connecting``, ``loading``, ``ready``,
+    ``failed``, ...). From its engine's last counters: ``running`` requests admitted,
+    ``waiting`` for KV room, ``kv_used_bytes`` of ``kv_capacity_bytes`` (0 of 0 before any, and
+    on ranks other than 0 of a sharded instance). ``tokens_per_s``: tokens it generated per
+    second over the last ~10 s; ``ttft_p50_s``: the median time to first token of its recent
+    requests (``None`` before any). ``failure`` is the failure of a ``failed`` runner;
+    ``retry_in_s`` the seconds left of its crash-loop cool-down (``None``: none running)."""
+
+    instance: str
+    model: str
+    rank: int
+    phase: str
+    running: int
+    waiting: int
+    kv_used_bytes: int
+    kv_capacity_bytes: int
+    tokens_per_s: float
+    ttft_p50_s: float | None = None
+    failure: str | None = None
+    retry_in_s: float | None = None
+
+
+@attrs.frozen
+class DiskReading:
+    """The file system holding the node's models (``path``, its models directory):
+    ``free_bytes`` of ``total_bytes`` are free (to an unprivileged writer)."""
+
+    path: str
+    free_bytes: int
+    total_bytes: int
+
+
+@attrs.frozen
+class FetchFailure:
+    """A weight fetch of rank ``rank`` of ``instance`` (of ``model``) on this node failed:
+    ``reason`` is the typed failure (``no_holder_reachable``, ``disk_full``,
+    ``manifest_mismatch``, ``no_manifest``, ``fetch_failed``), ``message`` says more (at most
+    :data:`MAX_FAILURE_MESSAGE` characters), ``at`` is the node's wall clock then (display only)."""
+
+    instance: str
+    rank: int
+    model: str
+    reason: str
+    message: str
+    at: float
+
+
+@attrs.frozen
 class NodeReadings:
     """One sample of a node's state, taken by that node.
 
@@ -68,6 +118,11 @@ class NodeReadings:
     runners can join compute groups (``None``: not advertised yet; the leader places no rank of
     a pipeline or tensor instance there until it is); ``fetches`` lists the ranks fetching
     weights from a peer now, with their progress (at most :data:`MAX_FETCHES`).
+
+    For node health (``GET /v1/cluster/nodes``): ``serving`` lists the runners the node hosts
+    (at most :data:`MAX_SERVING`), ``disk`` the free space where its models live (``None``:
+    not read), ``fetch_failures`` its recent failed weight fetches, newest last (at most
+    :data:`MAX_FETCH_FAILURES`; a later fetch of the same model that succeeds clears them).
     """
 
     node_id: str
@@ -84,10 +139,19 @@ class NodeReadings:
     sampled_at: float
     compute: ComputePorts | None = None
     fetches: tuple[FetchProgress, ...] = ()
+    serving: tuple[RunnerReading, ...] = ()
+    disk: DiskReading | None = None
+    fetch_failures: tuple[FetchFailure, ...] = ()
 
 
 #: The most fetches one node's readings list (the readings stay small whatever is placed).
 MAX_FETCHES = 64
+#: The most runners one node's readings list in ``serving``.
+MAX_SERVING = 64
+#: The most failed fetches one node's readings list (the newest are kept).
+MAX_FETCH_FAILURES = 8
+#: The longest ``FetchFailure.message`` a node publishes (longer ones are cut).
+MAX_FAILURE_MESSAGE = 300
 
 
 @attrs.frozen

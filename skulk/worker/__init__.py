@@ -8,9 +8,11 @@ from skulk.worker._model_service import (
     ModelStatus,
     ModelUnavailable,
     RequestFailure,
+    ServiceStatistics,
 )
 from skulk.worker._reconciler import Assignment, Reconciler, phase_of
 from skulk.worker._scored import ScoredText, join_scored, logprobs_of
+from skulk.worker._serving import ServingSampler
 
 __all__ = [
     "CRASH_LOOP_COOLDOWN",
@@ -23,6 +25,8 @@ __all__ = [
     "Reconciler",
     "RequestFailure",
     "ScoredText",
+    "ServiceStatistics",
+    "ServingSampler",
     "join_scored",
     "logprobs_of",
     "phase_of",

@@ -17,7 +17,7 @@ import logging
 import math
 import random
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
@@ -85,6 +85,18 @@ class ModelStatus:
 
 
 @attrs.frozen
+class ServiceStatistics:
+    """A snapshot of a :class:`ModelService`'s counters since it was made: runners started,
+    runner exits by failure reason, and the prompt tokens of the generations it finished,
+    with those its runners' prefix caches supplied (``Usage.cached_tokens``)."""
+
+    starts: int
+    exits: dict[str, int]
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@attrs.frozen
 class Embedding:
     """The vectors for a request's inputs, in order, and the tokens they took."""
 
@@ -147,11 +159,18 @@ class ModelService:
         self._incarnation = 0
         self._retry: trio.Event | None = None  # set while failed: an operator's retry sets it
         self._retry_at: float | None = None  # when a cool-down ends (trio clock)
+        self._exits: Counter[str] = Counter()
+        self._prompt_tokens = self._cached_tokens = 0
 
     def status(self) -> ModelStatus:
         if self._retry_at is None:
             return self._status
         return attrs.evolve(self._status, retry_in=max(0.0, self._retry_at - trio.current_time()))
+
+    def statistics(self) -> ServiceStatistics:
+        return ServiceStatistics(
+            self._incarnation, dict(self._exits), self._prompt_tokens, self._cached_tokens
+        )
 
     def recent_runners(self) -> tuple[Runner, ...]:
         """The last few runners, oldest first (the newest may be the current one)."""
@@ -224,6 +243,7 @@ class ModelService:
                 pass  # recorded as runner.failure
             self._runner = None
             failure = runner.failure or RunnerCrashed("runner stopped unexpectedly")
+            self._exits[failure.reason] += 1
             self._set(failure_reason=failure.reason, failure_message=failure.message)
             if not failure.retryable or self.shard is not None:
                 self._set(state="failed")
@@ -298,6 +318,8 @@ class ModelService:
                     elif delta.end.finish_reason == "cancelled":  # cancelled by someone else
                         raise RequestFailure("cancelled", "the request was cancelled")
                     else:
+                        self._prompt_tokens += delta.end.usage.prompt_tokens
+                        self._cached_tokens += delta.end.usage.cached_tokens
                         yield delta.end
                         return
         except RunnerError as exc:

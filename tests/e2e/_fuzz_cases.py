@@ -27,7 +27,7 @@ GET_ROUTES = ["/health", "/v1/models", f"/v1/models/{MODEL}", "/v1/diagnostics/n
               "/v1/cluster/state"]
 POST_ROUTES = [CHAT, COMPLETIONS, "/v1/responses", "/v1/diagnostics/node/retry", "/v1/placements"]
 UNKNOWN_PATHS = [
-    "/", "/v1", "/v1/", "/v2/chat/completions", "/v1//chat/completions", "//health", "/health/",
+    "/v1", "/v1/", "/v2/chat/completions", "/v1//chat/completions", "//health", "/health/",
     "/v1/chat/completions/", "/v1/models/", "/v1/cluster", "/v1/cluster/", "/v1/cluster/x",
     "/v1/diagnostics", "/v1/diagnostics/node/", "/index.html", "/favicon.ico", "/v1/message",
     "/api", "/v1/api/chat", "/v1/embedding", "/v1/ws/", "/v1//ws", "/.env",

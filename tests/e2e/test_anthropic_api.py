@@ -155,6 +155,7 @@ def test_errors_in_anthropic_shape(server: NodeProcess) -> None:
         "error": {
             "type": "not_found_error",
             "message": "The model 'no-such-model' does not exist.",
+            "request_id": missing.value.response.headers["x-request-id"],
         },
     }
     r = server.post(

@@ -15,6 +15,7 @@ import ollama
 import openai
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from skulk.harness import NodeProcess
@@ -132,3 +133,15 @@ async def test_the_websocket_handshake_needs_the_key(keyed: NodeProcess) -> None
             while (message := json.loads(await ws.get_message()))["type"] == "chunk":
                 pass
             assert message == {"id": "a", "type": "done"}
+
+
+def test_metrics_needs_the_key_as_prometheus_sends_it(keyed: NodeProcess) -> None:
+    """Prometheus' ``authorization: {credentials: KEY}`` sends ``Authorization: Bearer KEY``."""
+    assert httpx.get(keyed.url + "/metrics", timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer wrong"}
+    assert httpx.get(keyed.url + "/metrics", headers=wrong, timeout=30).status_code == 401
+    right = {"Authorization": f"Bearer {KEY}"}
+    response = httpx.get(keyed.url + "/metrics", headers=right, timeout=30)
+    assert response.status_code == 200
+    names = {f.name for f in text_string_to_metric_families(response.text)}
+    assert {"skulk:raft_term", "process_cpu_seconds"} <= names

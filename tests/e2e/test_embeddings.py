@@ -102,7 +102,8 @@ def test_ollama_embed(server: NodeProcess) -> None:
 def test_ollama_embed_refuses_bad_input_in_its_envelope(server: NodeProcess) -> None:
     r = httpx.post(server.url + "/api/embed", json={"model": MODEL, "input": [1, 2]}, timeout=30)
     assert r.status_code == 400
-    assert set(r.json()) == {"error"}
+    assert set(r.json()) == {"error", "request_id"}  # the id, top level in Ollama's envelope
+    assert r.json()["request_id"] == r.headers["x-request-id"]
 
 
 def test_count_tokens_equals_the_input_tokens_billed(server: NodeProcess) -> None:

@@ -143,6 +143,12 @@ async def test_three_nodes_converge_and_a_dead_node_expires() -> None:
             stats = node.gossip.statistics()
             assert stats.expired == 1
             assert node.gossip.store.statistics().forgotten == 1
+            # Expired, C is still remembered as last heard of more than a TTL ago.
+            silent = node.gossip.last_seen_age("node-c")
+            assert silent is not None and silent > TTL
+            fresh = node.gossip.last_seen_age("node-b" if node is a else "node-a")
+            assert fresh is not None and fresh < TTL
+            assert node.gossip.last_seen_age("never-seen") is None
         await until(lambda: a.gossip.statistics().readers == b.gossip.statistics().readers == 1)
         # A and B still gossip with each other: B's entry keeps being refreshed on A.
         seen = rows(a)["node-b"]["seq"]

@@ -30,6 +30,7 @@ from skulk.routing import (
     RemoteUnavailable,
     RouteTimeouts,
 )
+from skulk.tracing import current_request_id, request_scope
 from skulk.wire import Codec
 from skulk.wire.routing import RouteDelta, RouteHeader, RouteItem, RouteRequest
 from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
@@ -61,6 +62,7 @@ class FakeService:
         self.closed = 0
         self.aborted = 0  # generators closed before their end (cancelled, or closed)
         self.ended = trio.Event()  # a generator's finally ran
+        self.request_ids: list[str | None] = []  # the API request each generation ran under
 
     def status(self) -> ModelStatus:
         return ModelStatus("m", self.state)  # type: ignore[arg-type]
@@ -69,6 +71,7 @@ class FakeService:
         self, prompt: object, params: object
     ) -> AsyncGenerator[str | GenerationEnd, None]:
         self.started += 1
+        self.request_ids.append(current_request_id())
         try:
             if self.failure is not None and isinstance(self.failure, ModelUnavailable):
                 raise self.failure
@@ -432,6 +435,26 @@ async def test_a_garbage_rpc_body_is_a_bad_request() -> None:
             await link.call(ROUTE_METHOD, b"\xa1atgarbage", timeout=WITHIN)
         assert info.value.reason == "bad_request"
         assert p.at_b.statistics().refused == 1 and p.at_b.statistics().served == 0
+
+
+async def test_the_api_requests_id_travels_to_the_serving_node() -> None:
+    async with pair() as p:
+        with request_scope("client-7"):
+            await collect(p.generate())
+        await collect(p.generate())  # outside an API request: nothing to carry
+        assert p.services["i1"].request_ids == ["client-7", None]
+
+
+@pytest.mark.parametrize("trace_id", ["x" * 129, "two words", "", "nl\n"])
+async def test_a_malformed_trace_id_is_a_bad_request(trace_id: str) -> None:
+    async with pair() as p:
+        link = p.a.link("node-b")
+        assert link is not None
+        ask = RouteRequest("r1", "i1", PROMPT, PARAMS, trace_id)
+        with trio.fail_after(WITHIN), pytest.raises(RpcFailed) as info:
+            await link.call(ROUTE_METHOD, Codec(RouteRequest).encode(ask), timeout=WITHIN)
+        assert info.value.reason == "bad_request" and "request id" in info.value.message
+        assert p.services["i1"].started == 0
 
 
 @pytest.mark.parametrize(

@@ -307,7 +307,11 @@ async def test_route_errors_in_anthropic_envelope() -> None:
     assert long.status_code == 400
     assert json.loads(await long.get_data()) == {
         "type": "error",
-        "error": {"type": "invalid_request_error", "message": "too long"},
+        "error": {
+            "type": "invalid_request_error",
+            "message": "too long",
+            "request_id": long.headers["x-request-id"],
+        },
     }
     assert missing.status_code == 404
     assert json.loads(await missing.get_data())["error"]["type"] == "not_found_error"

@@ -149,7 +149,8 @@ async def error(response: Any, status: int) -> dict[str, Any]:
     assert response.status_code == status, await response.get_data()
     assert response.mimetype == "application/json"
     err: dict[str, Any] = json.loads(await response.get_data())["error"]
-    assert set(err) == {"message", "type", "param", "code"}
+    assert set(err) == {"message", "type", "param", "code", "request_id"}
+    assert err["request_id"] == response.headers["x-request-id"]  # every error names its request
     return err
 
 

@@ -137,7 +137,7 @@ async def test_401_speaks_the_format_of_its_path(client: Any) -> None:
     assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
     ollama = await call(client, "POST", "/api/chat", CHAT, headers=bearer("no"))
     assert ollama.status_code == 401
-    assert list(json.loads(await ollama.get_data())) == ["error"]
+    assert list(json.loads(await ollama.get_data())) == ["error", "request_id"]
 
 
 async def test_health_stays_open_and_everything_else_is_closed(client: Any) -> None:

@@ -1,5 +1,5 @@
 """The client commands (place, ps, nodes, rm): tables, arguments, and the HTTP path against a
-fake API (``httpx.MockTransport``)."""
+fake API (``httpx.MockTransport``). ``top`` and ``place --wait``: test_cli_top, test_cli_wait."""
 
 from __future__ import annotations
 
@@ -213,8 +213,8 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_client_commands_are_the_four() -> None:
-    assert set(CLIENT_COMMANDS) == {"place", "ps", "nodes", "rm"}
+def test_client_commands_are_the_five() -> None:
+    assert set(CLIENT_COMMANDS) == {"place", "ps", "nodes", "rm", "top"}
 
 
 def test_place_arguments_become_the_placement_body() -> None:
@@ -255,7 +255,8 @@ def test_common_options_on_every_command() -> None:
         args = parse(command, "--api", "http://h:1", "--json", "--timeout", "2.5")
         assert (args.api, args.json, args.timeout) == ("http://h:1", True, 2.5)
     args = parse("rm", "abc")
-    assert (args.instance, args.api, args.json, args.timeout) == ("abc", None, False, 30.0)
+    # No --timeout: each request gets 30 s (place --wait waits 600 s in all: test_cli_wait).
+    assert (args.instance, args.api, args.json, args.timeout) == ("abc", None, False, None)
     assert parse("ps", "-q").quiet
 
 

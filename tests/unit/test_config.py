@@ -48,6 +48,12 @@ def test_every_option_has_a_flag_and_env_and_a_config_field() -> None:
     assert config.warmup_timeout == 7.5
 
 
+def test_log_lines_are_text_unless_json_is_asked_for() -> None:
+    assert parse([]).log_format == "text"
+    assert parse(["--log-format", "json"]).log_format == "json"
+    assert parse([], {"SKULK_LOG_FORMAT": "json"}).log_format == "json"
+
+
 def test_xdg_data_home_is_respected() -> None:
     assert parse([], {"XDG_DATA_HOME": "/xdg"}).home == Path("/xdg/skulk")
 
@@ -59,6 +65,8 @@ def test_xdg_data_home_is_respected() -> None:
         ([], {"SKULK_PORT": "x"}, "SKULK_PORT"),
         (["--port", "70000"], {}, "--port"),
         (["--log-level", "loud"], {}, "--log-level"),
+        (["--log-format", "yaml"], {}, "--log-format"),
+        ([], {"SKULK_LOG_FORMAT": "JSON lines"}, "SKULK_LOG_FORMAT"),
         (["--load-timeout", "soon"], {}, "--load-timeout"),
         (["--progress-timeout", "-1"], {}, "--progress-timeout"),
         (["--cancel-timeout", "0"], {}, "--cancel-timeout"),

@@ -207,10 +207,14 @@ async def test_leader_killed_a_new_one_takes_over(tmp_path: Path) -> None:
         old = await c.leader()
         for seq in (1, 2, 3):
             await c.drivers[old].submit(b"x", client_id="k", seq=seq, timeout=WAIT)
-        c.kill(old)
         survivors = tuple(n for n in IDS if n != old)
+        known = {n: c.drivers[n].statistics().leader_changes for n in survivors}
+        assert all(count >= 1 for count in known.values())  # each came to know ``old``
+        c.kill(old)
         new = await c.leader(survivors)
         assert new != old
+        for n in survivors:  # and then the new one: a leader change on each
+            assert c.drivers[n].statistics().leader_changes > known[n]
         result = await c.drivers[survivors[0]].submit(b"x", client_id="k", seq=4, timeout=WAIT)
         assert result == b"4"
         await c.converged(4, survivors)

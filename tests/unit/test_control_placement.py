@@ -110,6 +110,7 @@ async def test_a_pipeline_is_committed_with_compute_addresses_and_a_dry_run_show
     assert isinstance(placed, Placed)
     (instance,) = driver.state.instances
     assert instance.sharding == "pipeline"
+    assert control.placements == {("placement", "new"): 1}  # the dry run placed nothing
     assert [s.address for s in instance.shards] == [s.address for s in dry.shards]
     # The next placement on those nodes takes the next ports.
     seen.update({n: readings(n, 8 * GIB) for n in "abc"})
@@ -177,3 +178,8 @@ async def test_a_node_failing_a_pipeline_twice_is_avoided_from_the_second_time()
     (third,) = driver.state.instances
     assert third.id == "p3" and sorted(s.node for s in third.shards) == ["a", "c"]
     assert control._strikes == {"m": {"b": 2}}
+    assert control.placements == {  # the re-placements, by the failure that caused each
+        ("replacement", "runner_crashed"): 1,
+        ("replacement", "wedged"): 1,
+        ("replacement", "collective_timeout"): 1,
+    }

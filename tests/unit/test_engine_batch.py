@@ -31,6 +31,7 @@ from skulk.wire.runner import (
     FromRunner,
     Generate,
     Load,
+    PrefillProgress,
     RequestFailed,
     SamplingParams,
     TextPrompt,
@@ -249,6 +250,11 @@ def test_budget_admits_what_fits_queues_fifo_and_refuses_beyond_the_queue(
         assert out[rid] == alone(engine, prompts[rid], params), rid
         done = loop.ends()[rid]
         assert isinstance(done, Finished) and done.end.usage.completion_tokens == 20
+    # Those that waited for room say so (the queue time metric); those admitted at once
+    # waited only between two lines of the scheduler.
+    waited = {rid: end.end.queue_seconds for rid, end in loop.ends().items()
+              if isinstance(end, Finished)}  # fmt: skip
+    assert min(waited["r2"], waited["r3"]) > max(waited["r0"], waited["r1"])
     assert reqs.budget.used == 0
 
 
@@ -426,6 +432,34 @@ def test_the_prefill_pacer_keeps_chunks_near_their_target_time() -> None:
     assert slow.size() == int(0.25 / ((0.033 + 0.005) / 2))
     slow.record(0, 1.0)  # nothing computed: nothing learned
     assert slow.size() == int(0.25 / ((0.033 + 0.005) / 2))
+
+
+def test_prefill_progress_marks_admission_then_each_chunk(models: dict[str, Engine]) -> None:
+    rng = random.Random(5)
+    system = ids(rng, PREFILL_STEP + 40)  # more than one chunk
+    loop = Loop(models["demo"], Load("unused", "m", prefix_cache_bytes=64 << 20))
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+
+    def progress(rid: str) -> list[tuple[int, int]]:
+        return [
+            (f.done, f.total)
+            for f in loop.link.sent
+            if isinstance(f, PrefillProgress) and f.request_id == rid
+        ]
+
+    loop.run([(0, "cold", system, params)])
+    total = len(system)
+    marks = progress("cold")
+    assert marks[0] == (0, total) and marks[-1] == (total, total) and len(marks) >= 3, marks
+    dones = [done for done, _ in marks]
+    assert dones == sorted(set(dones)) and {t for _, t in marks} == {total}
+    # Every PrefillProgress of a request comes before its first token.
+    kinds = [type(f) for f in loop.link.sent if getattr(f, "request_id", "") == "cold"]
+    assert kinds.index(TokenChunk) > max(i for i, k in enumerate(kinds) if k is PrefillProgress)
+    # A prefix-cache hit is admitted with the reused tokens already done.
+    loop.run([(0, "warm", [*system, 5, 6, 7], params)])
+    marks = progress("warm")
+    assert marks[0][0] >= total - 1 and marks[-1] == (total + 3, total + 3), marks
 
 
 def test_a_prefill_computes_at_most_the_chunk_it_is_given(models: dict[str, Engine]) -> None:

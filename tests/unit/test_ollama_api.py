@@ -344,7 +344,10 @@ async def test_a_load_request_answers_load_without_generating(fake: FakeService)
     assert fake.started == 0
     response = await post(fake, "/api/chat", {"model": "nope"})
     assert response.status_code == 404
-    assert json.loads(await response.get_data()) == {"error": "The model 'nope' does not exist."}
+    assert json.loads(await response.get_data()) == {
+        "error": "The model 'nope' does not exist.",
+        "request_id": response.headers["x-request-id"],  # Ollama's envelope, and the id
+    }
 
 
 @pytest.mark.parametrize(
@@ -362,7 +365,7 @@ async def test_a_failure_before_the_first_token_is_a_plain_error(
     response = await post(fake, "/api/chat", {"model": MODEL, "messages": USER})
     assert response.status_code == status and response.mimetype == "application/json"
     body = json.loads(await response.get_data())
-    assert list(body) == ["error"] and isinstance(body["error"], str)
+    assert list(body) == ["error", "request_id"] and isinstance(body["error"], str)
     assert fake.closed == fake.started == 1
 
 
@@ -370,7 +373,7 @@ async def test_a_failure_mid_stream_ends_it_with_an_error_line(fake: FakeService
     fake.script = ["Hel", RequestFailure("runner_crashed", "gone")]
     got = await lines(await post(fake, "/api/generate", {"model": MODEL, "prompt": "x"}))
     assert got[0]["response"] == "Hel"
-    assert list(got[-1]) == ["error"] and "runner_crashed" in got[-1]["error"]
+    assert list(got[-1]) == ["error", "request_id"] and "runner_crashed" in got[-1]["error"]
     assert fake.closed == 1
 
 
@@ -434,7 +437,7 @@ async def test_listing_routes_in_ollamas_shapes(fake: FakeService) -> None:
     assert unknown.status_code == 404
     assert isinstance(version["version"], str)
     assert embed.status_code == 400  # served (tests/unit/test_embed_api.py), in its envelope
-    assert set(json.loads(await embed.get_data())) == {"error"}
+    assert set(json.loads(await embed.get_data())) == {"error", "request_id"}
 
 
 async def test_ps_lists_only_ready_models(fake: FakeService) -> None:

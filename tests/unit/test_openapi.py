@@ -213,8 +213,12 @@ def quart_to_openapi(rule: str) -> str:
     return rule.replace("<", "{").replace(">", "}")
 
 
+#: The dashboard's page, assets and live feed (an endless stream): not API operations.
+DASHBOARD = {"/", "/dashboard/{name}", "/v1/dashboard/events"}
+
+
 def routes_of(app: Any) -> set[tuple[str, str]]:
-    return {
+    routes = {
         (quart_to_openapi(rule.rule), method.lower())
         for rule in app.url_map.iter_rules()
         for method in rule.methods or ()
@@ -224,6 +228,7 @@ def routes_of(app: Any) -> set[tuple[str, str]]:
         for rule in app.url_map.iter_rules()
         if getattr(rule, "websocket", False)
     }
+    return {(path, method) for path, method in routes if path not in DASHBOARD}
 
 
 def documented(document: dict[str, object]) -> set[tuple[str, str]]:

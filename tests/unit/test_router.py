@@ -3,12 +3,14 @@ this node, then the lower gossiped load; typed failures when nothing can serve."
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import pytest
 
 from skulk.cluster import State, apply
 from skulk.routing import Admission, ModelNotPlaced, NoReadyInstance, Router
+from skulk.tracing import RequestJournal, node_scope, request_scope
 from skulk.wire.cluster import (
     Applied,
     Architecture,
@@ -22,6 +24,7 @@ from skulk.wire.cluster import (
     Shard,
     UpsertNode,
 )
+from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
 from skulk.worker import ModelStatus
 
 CARD = ModelCard("m", PathSource("/m"), Architecture("llama", 2, 8, 2, 2, 10), 1, 64)
@@ -92,3 +95,38 @@ def test_unreachable_or_down_nodes_are_not_chosen_and_failures_are_typed() -> No
     with pytest.raises(ModelNotPlaced) as placed_nowhere:
         router(bare).route("m")
     assert placed_nowhere.value.registered
+
+
+class Serving(Local):
+    """A ready local service generating one delta, then the end, or failing."""
+
+    def __init__(self, failure: Exception | None = None) -> None:
+        super().__init__("ready")
+        self.failure = failure
+
+    async def generate(self, prompt: object, params: object) -> Any:
+        if self.failure is not None:
+            raise self.failure
+        yield "hi"
+        yield GenerationEnd("stop", Usage(1, 1))
+
+
+async def test_a_traced_request_notes_where_it_went_and_how_it_ended() -> None:
+    state = run(cluster(), PlaceInstance("ime", "m", "single", (Shard(0, "me", 0, 2),), 0))
+    journal = RequestJournal()
+    with node_scope("me", journal):
+        for rid, service in (("ok", Serving()), ("bad", Serving(RuntimeError("boom")))):
+            r = router(state, {"ime": service})
+            with request_scope(rid, received="POST /v1/chat/completions"):
+                items = r.generate(r.route("m"), TextPrompt("x"), SamplingParams(max_tokens=1))
+                async with aclosing(items):
+                    try:
+                        async for item in items:
+                            if isinstance(item, GenerationEnd):
+                                break  # the API closes the generator at the end
+                    except RuntimeError:
+                        pass
+    kinds = {rid: [e.kind for e in journal.events(rid)] for rid in ("ok", "bad")}
+    assert kinds["ok"] == ["request.received", "request.routed", "request.admitted", "request.done"]
+    assert kinds["bad"][-1] == "request.error" and "boom" in journal.events("bad")[-1].detail
+    assert {e.instance for e in journal.events()} == {"ime"}

@@ -1,0 +1,277 @@
+"""The dashboard in a real browser (headless Chromium, driven by Playwright) against three real
+nodes on loopback: the page served by A shows every node by id, places the demo model on B
+through its form and sees the runner reach ``ready``, streams a chat answer, and turns C's
+health badge to ``error`` once C is SIGKILLed; the browser console stays free of errors.
+
+Each step's screenshot is kept under ``test-artifacts/dashboard/`` (git-ignored; the
+``SKULK_TEST_ARTIFACTS`` environment variable moves it). Chromium is Debian's ``chromium``
+package (``.ci/run`` installs it when missing): Playwright's own browser download cannot run
+here, so the test launches it by path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
+
+from skulk.harness import NodeProcess
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "7c" * 32
+MODEL = "skulk-demo"
+DOWN_AFTER = 2.0  # --node-down-after, seconds
+#: What the badge may take beyond the down-after deadline: a telemetry round, the feed's tick
+#: and a slow shared CI machine.
+SLACK = 20.0
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(
+    os.environ.get("SKULK_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+
+
+@pytest.fixture(scope="module")
+def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("dash-cluster")
+    started: dict[str, NodeProcess] = {}
+
+    def start(name: str, *args: str) -> NodeProcess:
+        home = root / name
+        home.mkdir()
+        (home / "models").symlink_to(skulk_home / "models")  # one demo model for all
+        node = NodeProcess(home, *args, env={"SKULK_CLUSTER_SECRET": SECRET})
+        started[name] = node
+        return node.start(wait_ready=False)
+
+    try:
+        a = start("a", "--model", "none", "--node-down-after", str(DOWN_AFTER))
+        start("b", "--join", a.ws_url, "--model", "none")
+        start("c", "--join", a.ws_url, "--model", "none")
+
+        def all_up() -> bool:
+            rows = a.get("/v1/cluster/nodes").json()["nodes"]
+            return len([r for r in rows if r.get("status") == "up"]) == 3
+
+        a.wait_for(all_up, 90, "every node up in A's State")
+        yield started
+    finally:
+        for node in started.values():
+            node.stop()
+
+
+@pytest.fixture
+def page() -> Iterator[tuple[Page, list[str]]]:
+    """A fresh page, and the browser console's errors (and uncaught exceptions) as they come."""
+    errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(f"console: {message.text} at {message.location}")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+            tab.on("console", on_console)
+            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            yield tab, errors
+        finally:
+            browser.close()
+
+
+def snap(page: Page, name: str) -> None:
+    folder = ARTIFACTS / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=folder / f"{name}.png", full_page=True)
+
+
+def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
+    nodes: dict[str, NodeProcess], page: tuple[Page, list[str]]
+) -> None:
+    tab, errors = page
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    tab.goto(a.url + "/")
+    expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
+
+    # Topology: every node by id, each with a health badge; A's link to each peer has an RTT.
+    for node in (a, b, c):
+        card = tab.locator(f'[data-testid="node-{node.node_id}"]')
+        expect(card).to_contain_text(node.node_id, timeout=15_000)
+        expect(tab.locator(f'[data-testid="badge-{node.node_id}"]')).to_have_attribute(
+            "data-level", "ok"
+        )
+    expect(tab.locator(".rtt").first).to_contain_text("ms", timeout=15_000)
+    snap(tab, "1-topology")
+
+    # Placement: a dry run shows the plan (on B, with its memory arithmetic), then Place.
+    tab.fill("#place-model", MODEL)
+    tab.check(f'#place-nodes input[value="{b.node_id}"]')
+    tab.click("#preview")
+    plan = tab.locator('[data-testid="plan"]')
+    expect(plan).to_contain_text(b.node_id, timeout=30_000)
+    assert a.get("/v1/instances").json()["instances"] == []  # a preview commits nothing
+    snap(tab, "2-preview")
+    tab.click("#place")
+    expect(tab.locator('[data-testid="placed"]')).to_be_visible(timeout=30_000)
+    instance = a.get("/v1/instances").json()["instances"][0]
+    assert instance["shards"][0]["node"] == b.node_id
+    phase = tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')
+    expect(phase).to_have_text("ready", timeout=120_000)
+    snap(tab, "3-ready")
+
+    # Chat: the answer streams in (several chunks) and shows its TTFT and tokens/s.
+    expect(tab.locator(f'#chat-model option[value="{MODEL}"]')).to_have_count(1, timeout=30_000)
+    tab.select_option("#chat-model", MODEL)
+    tab.fill("#chat-input", "Tell me a story")
+    tab.click("#chat-send")
+    answer = tab.locator('[data-testid="answer"]').last
+    expect(answer).to_have_attribute("data-done", "true", timeout=60_000)
+    assert not answer.evaluate("el => el.classList.contains('failed')"), answer.inner_text()
+    assert answer.locator(".text").inner_text().strip()
+    assert int(answer.get_attribute("data-chunks") or 0) > 1
+    expect(answer.locator(".stats")).to_contain_text("TTFT")
+    expect(answer.locator(".stats")).to_contain_text("tok/s")
+    snap(tab, "4-chat")
+
+    # C dies: its badge turns error within the down-after deadline (plus the slack), with
+    # the reason and its remedy on click.
+    assert c.proc is not None
+    c.proc.send_signal(signal.SIGKILL)
+    c.wait_exit(10)
+    badge = tab.locator(f'[data-testid="badge-{c.node_id}"]')
+    expect(badge).to_have_attribute("data-level", "error", timeout=(DOWN_AFTER + SLACK) * 1000)
+    badge.click()
+    detail = tab.locator("#node-detail")
+    expect(detail).to_contain_text(c.node_id)
+    expect(detail).to_contain_text("What to do")
+    for node in (a, b):
+        level = tab.locator(f'[data-testid="badge-{node.node_id}"]').get_attribute("data-level")
+        assert level != "error", node.node_id
+    snap(tab, "5-node-down")
+
+    # The timeline shows the runner's events on a time axis.
+    expect(tab.locator('[data-testid="cluster-timeline"] circle.event').first).to_be_attached(
+        timeout=15_000
+    )
+    assert errors == [], errors
+
+    # Through another node: the same cluster, C still in error, B's link to A measured.
+    tab.goto(b.url + "/")
+    expect(tab.locator("#via")).to_have_text(f"via {b.node_id}", timeout=15_000)
+    for node in (a, b, c):
+        expect(tab.locator(f'[data-testid="node-{node.node_id}"]')).to_contain_text(node.node_id)
+    expect(tab.locator(f'[data-testid="badge-{c.node_id}"]')).to_have_attribute(
+        "data-level", "error"
+    )
+    expect(tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')).to_have_text("ready")
+    assert errors == [], errors
+
+    # A refused preview shows the refusal's code and message (the browser logs the 404 itself).
+    tab.fill("#place-model", "no-such-model")
+    tab.click("#preview")
+    expect(tab.locator('[data-testid="refusal"]')).to_contain_text("unknown_model (404)")
+    assert all("404" in error for error in errors), errors
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_then_goes_live(
+    skulk_home: Path, page: tuple[Page, list[str]]
+) -> None:
+    tab, errors = page
+    with NodeProcess(skulk_home, "--api-key", "dash-key") as node:
+        tab.goto(node.url + "/")  # the page itself needs no key
+        expect(tab.locator("#feed")).to_have_text("API key needed", timeout=15_000)
+        assert all("401" in error for error in errors), errors  # the feed's refusal, logged
+        tab.fill("#key", "dash-key")
+        tab.click('#key-form button[type="submit"]')
+        expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
+        expect(tab.locator(f'[data-testid="node-{node.node_id}"]')).to_contain_text(node.node_id)
+        expect(tab.locator(f'#chat-model option[value="{MODEL}"]')).to_have_count(1)
+        assert tab.evaluate("sessionStorage.getItem('skulk.apiKey')") == "dash-key"
+        snap(tab, "6-api-key")
+        tab.close()  # the feed ends with the page, before the node stops
+    assert all("401" in error for error in errors), errors
+
+
+def contract_snapshot() -> dict[str, Any]:
+    """A feed snapshot as /v1/cluster/nodes answers with health and serving (the contract of
+    issue 21): node n1 warns (disk low) and serves rank 0 of i1; n2 has no health field (an
+    older node); n3 is a member with no readings."""
+    serving = {"instance_id": "i1", "model": "m", "rank": 0, "phase": "ready", "running": 2,
+               "waiting": 1, "kv_used_bytes": 256, "kv_capacity_bytes": 1024,
+               "tokens_per_s": 42.5, "ttft_p50_s": 0.125}  # fmt: skip
+    reason = {"code": "disk_low", "level": "warn", "message": "Only 1.2 GiB free for models.",
+              "remedy": "Free disk space under the models folder."}  # fmt: skip
+    n1 = {"node_id": "n1", "hostname": "h1", "status": "up", "age_s": 0.1, "cpu_count": 8,
+          "load_1m": 1.5, "memory_total_bytes": 2**34, "memory_available_bytes": 2**33,
+          "health": {"level": "warn", "reasons": [reason]}, "serving": [serving]}  # fmt: skip
+    n2 = {**n1, "node_id": "n2", "hostname": "h2"}
+    del n2["health"], n2["serving"]
+    n3 = {"node_id": "n3", "status": "down", "age_s": None,
+          "health": {"level": "error", "reasons": [{**reason, "code": "down", "level": "error",
+                     "message": "No telemetry for 5 s.", "remedy": "Restart the node."}]},
+          "serving": []}  # fmt: skip
+    shard = {"rank": 0, "node": "n1", "layers": [0, 2], "address": None,
+             "runner": {"phase": "ready", "failure": None, "bytes_done": None,
+                        "bytes_total": None}}  # fmt: skip
+    instance = {"id": "i1", "model": "m", "sharding": "single", "status": "ready",
+                "shards": [shard]}  # fmt: skip
+    return {"at": 1.0, "node_id": "n1", "nodes": {"nodes": [n1, n2, n3]},
+            "instances": {"instances": [instance]}, "links": {"links": []},
+            "raft": {"leader": "n1", "term": 3}, "timeline": None, "errors": {}}  # fmt: skip
+
+
+def test_the_page_renders_health_and_serving_as_the_contract_gives_them(
+    page: tuple[Page, list[str]],
+) -> None:
+    """The page alone (its files from the package, the API answered by the test): health
+    badges with reasons and remedies, and each rank's load, tokens/s, TTFT and KV use."""
+    from skulk.api._dashboard import ASSETS
+
+    tab, errors = page
+    feed = b"event: snapshot\ndata: " + json.dumps(contract_snapshot()).encode() + b"\n\n"
+
+    def answer(route: Route) -> None:
+        path = urlsplit(route.request.url).path
+        if path == "/" or path.startswith("/dashboard/"):
+            name = "index.html" if path == "/" else path.removeprefix("/dashboard/")
+            kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
+            route.fulfill(body=ASSETS[name], content_type=kind[name.rsplit(".", 1)[1]])
+        elif path == "/v1/dashboard/events":
+            route.fulfill(body=feed, content_type="text/event-stream")
+        elif path == "/v1/models":
+            route.fulfill(json={"object": "list", "data": [{"id": "m"}]})
+        else:
+            route.fulfill(json={"models": []})
+
+    tab.route("http://dash.test/**", answer)
+    tab.goto("http://dash.test/")
+    badge = tab.locator('[data-testid="badge-n1"]')
+    expect(badge).to_have_attribute("data-level", "warn", timeout=15_000)
+    assert "Free disk space" in badge.locator("title").text_content()  # type: ignore[operator]
+    expect(tab.locator('[data-testid="badge-n2"]')).to_have_attribute("data-level", "ok")
+    expect(tab.locator('[data-testid="badge-n3"]')).to_have_attribute("data-level", "error")
+    expect(tab.locator('[data-testid="node-n1"]')).to_contain_text("m r0 ready · 2/1 · 42.5 tok/s")
+    tab.locator('[data-testid="badge-n3"]').click()
+    expect(tab.locator("#node-detail")).to_contain_text("What to do: Restart the node.")
+    row = tab.locator('[data-testid="instance-i1-r0"]')
+    for shown in ("2 / 1", "42.5", "125 ms", "25.0 % of 1.0 KiB"):
+        expect(row).to_contain_text(shown)
+    snap(tab, "7-contract")
+    assert errors == [], errors
