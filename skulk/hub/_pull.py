@@ -9,7 +9,9 @@ lacks are checked against its budget and the disk (:class:`~skulk.store.StoreFul
 ``disk_full``, with nothing evicted when no room can be made, and no byte downloaded), then the
 files are downloaded into ``staging/<commit>`` (resumable: a cut pull picks up where it
 stopped) and committed, checked against the hashes the download verified. A disk that fills
-during the download is also ``disk_full``; the staging directory is kept for the next attempt.
+during the download makes the store check its room again (``disk_full`` when it cannot make
+more), then the download resumes once; a disk still full is ``disk_full`` too. The staging
+directory is kept for the next attempt.
 
 Blocking: run it in a worker thread.
 """
@@ -63,15 +65,19 @@ def pull(
         model = store.import_directory(plan.cached_snapshot, plan.name)
         return _named(store, model, names)
     missing = sum(f.size for f in plan.files if not (f.sha256 and store.has_blob(f.sha256)))
-    store.ensure_room(missing, in_use())
     key = plan.commit
-    try:
-        hashes = download(plan, store.staging(key), progress, token=token, policy=policy)
-    except OSError as exc:
-        if exc.errno in _FULL_ERRNOS:
-            limit = "the disk filled during the download"
-            raise StoreFull(missing, store.available_bytes(), 0, limit=limit) from exc
-        raise
+    for retry in (False, True):
+        store.ensure_room(missing, in_use())  # StoreFull, nothing evicted, when it cannot fit
+        try:
+            hashes = download(plan, store.staging(key), progress, token=token, policy=policy)
+        except OSError as exc:
+            if exc.errno not in _FULL_ERRNOS:
+                raise
+            if retry:  # room was made on the store's books, yet the disk is full
+                limit = "the disk filled during the download: files outside the store took it"
+                raise StoreFull(missing, store.available_bytes(), 0, limit=limit) from exc
+            continue  # the store evicts what it can, then the download resumes from staging
+        break
     return store.commit_staging(key, names, expected=hashes)
 
 

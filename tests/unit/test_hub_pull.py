@@ -3,11 +3,14 @@ huggingface_hub client against the local Hub (``tests/hubserver.py``)."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from skulk.hub import CHUNK_BYTES, RepoNotFound, pull
+from skulk.hub import _pull as hub_pull
 from skulk.models import ModelShape, ensure_demo_model, local_manifest, write_generated_model
 from skulk.store import ModelStore, StoreFull
 from tests.hubserver import HubServer, hub, repo_files, tiny_model
@@ -83,3 +86,28 @@ def test_a_missing_repo_is_typed_and_stores_nothing(hub: HubServer, tmp_path: Pa
         pull("org/nothing", store)
     assert missing.value.reason == "repo_not_found" and "org/nothing" in str(missing.value)
     assert store.models() == []
+
+
+def test_a_disk_that_fills_during_a_pull_is_disk_full_and_the_pull_resumes_once(
+    hub: HubServer, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.add_repo("org/tiny", repo_files(tiny_model))
+    real = hub_pull.download
+    fills = [1]  # the disk fills once: the store checks its room, the download resumes
+
+    def filling(*args: Any, **kwargs: Any) -> dict[str, str]:
+        if fills[0] > 0:
+            fills[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hub_pull, "download", filling)
+    store = store_at(tmp_path)
+    assert pull("org/tiny", store).sha256 == local_manifest(tiny_model).sha256
+    # Full every time: a typed disk_full naming the bytes, never a raw OSError.
+    fills[0] = 2
+    other = store_at(tmp_path / "other")
+    with pytest.raises(StoreFull) as full:
+        pull("org/tiny", other)
+    assert full.value.reason == "disk_full" and "disk filled" in str(full.value)
+    assert other.models() == []
