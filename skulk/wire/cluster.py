@@ -20,6 +20,9 @@ Sharding = Literal["single", "pipeline", "tensor"]
 """``single`` is one shard holding every layer; ``pipeline`` splits layers across ranks;
 ``tensor`` splits every layer (each rank holds the full layer range)."""
 InstanceStatus = Literal["placed", "failed"]
+DownloadStatus = Literal["downloading", "failed"]
+"""A Hub download a node runs for the cluster: ``downloading`` until its card is registered
+(the entry is then dropped), or ``failed`` with a typed reason."""
 RunnerPhase = Literal["pending", "fetching", "connecting", "loading", "ready", "failed", "stopped"]
 """``fetching``: the node is fetching the shard's weights from a peer; ``connecting``: the
 runner is joining its instance's compute group (pipeline and tensor instances only)."""
@@ -37,6 +40,9 @@ RejectReason = Literal[
     "wrong_node",
     "bad_value",
     "undecodable",
+    "duplicate_download",
+    "model_exists",
+    "unknown_download",
 ]
 
 
@@ -54,7 +60,25 @@ class PathSource:
     path: str
 
 
-ModelSource = DemoSource | PathSource
+@attrs.frozen
+class HubSource:
+    """A model from the Hugging Face Hub: ``repo`` (``org/name``) at ``commit`` (the 40-hex
+    commit the asked revision resolved to). Peers fetch it from its holders by manifest hash."""
+
+    repo: str
+    commit: str
+
+
+@attrs.frozen
+class ImportedSource:
+    """A local model directory imported into a node's model store by content; ``origin`` is
+    the path it was imported from on that node (shown to people only: peers fetch it from its
+    holders by manifest hash, never by path)."""
+
+    origin: str
+
+
+ModelSource = DemoSource | PathSource | HubSource | ImportedSource
 
 
 @attrs.frozen
@@ -81,6 +105,25 @@ class ModelCard:
     (every node generates it)."""
     holders: tuple[str, ...] = ()
     """Nodes known to hold the whole model (sorted): where peers fetch its weights from."""
+
+
+@attrs.frozen
+class Download:
+    """Node ``node`` downloads Hub model ``model`` (the card id it will register: ``org/repo``,
+    or ``org/repo@revision`` for a revision other than the default) from ``repo`` at
+    ``commit``; ``total_bytes`` is the size the check found. ``reason`` is a ``failed``
+    download's typed failure (``disk_full``, ``hub_unreachable``, ``hash_mismatch``,
+    ``node_down``, a :class:`skulk.hub.HubError` reason), ``detail`` says more."""
+
+    model: str
+    repo: str
+    commit: str
+    node: str
+    total_bytes: int
+    status: DownloadStatus
+    changed_at: int
+    reason: str | None = None
+    detail: str = ""
 
 
 @attrs.frozen
@@ -194,6 +237,33 @@ class SetConfig:
     config: ClusterConfig
 
 
+@attrs.frozen
+class StartDownload:
+    """Node ``node`` downloads ``model`` from the Hub (``repo`` at ``commit``, ``total_bytes``):
+    the leader's choice. Replaces a ``failed`` entry of the same model and node; refused
+    (``duplicate_download``) while another node downloads the model, and (``model_exists``)
+    once the model has a card."""
+
+    model: str
+    repo: str
+    commit: str
+    node: str
+    total_bytes: int
+    at: int
+
+
+@attrs.frozen
+class DownloadFailed:
+    """``node``'s download of ``model`` ended in a terminal failure (``reason``, ``detail``):
+    its entry becomes ``failed``, and the leader re-places the download away from it."""
+
+    model: str
+    node: str
+    reason: str
+    detail: str
+    at: int
+
+
 ClusterCommand = (
     UpsertNode
     | NodeStatusChanged
@@ -204,6 +274,8 @@ ClusterCommand = (
     | SetInstanceStatus
     | ReportRunner
     | SetConfig
+    | StartDownload
+    | DownloadFailed
 )
 
 # ---- results -------------------------------------------------------------------------------------
@@ -249,7 +321,23 @@ class RemoveNodeAsk:
     node: str
 
 
-ControlCall = PlacementAsk | RemoveNodeAsk
+@attrs.frozen
+class PullAsk:
+    """Make sure Hub model ``model`` (``repo`` at ``commit``, ``total_bytes``, as the asking
+    node's check found them) gets into the cluster: the leader answers :class:`Pulling`
+    (``existed``: a card or a running download was already there) after committing a
+    :class:`StartDownload` on the node it chooses (an up node with room for ``total_bytes``,
+    the most free store space first, ``prefer`` first among equals), or refuses
+    (``disk_full`` with ``need``/``have`` when no node has room)."""
+
+    model: str
+    repo: str
+    commit: str
+    total_bytes: int
+    prefer: tuple[str, ...] = ()
+
+
+ControlCall = PlacementAsk | RemoveNodeAsk | PullAsk
 
 
 @attrs.frozen
@@ -300,4 +388,14 @@ class ControlRefused:
     have: int | None = None
 
 
-ControlReply = Planned | Placed | NodeRemoved | ControlRefused
+@attrs.frozen
+class Pulling:
+    """The answer to a :class:`PullAsk`: ``node`` downloads ``model`` (``None`` when the model
+    already has a card: nothing to download); ``existed``: nothing new was committed."""
+
+    model: str
+    node: str | None
+    existed: bool
+
+
+ControlReply = Planned | Placed | NodeRemoved | Pulling | ControlRefused

@@ -105,6 +105,49 @@ class FetchFailure:
 
 
 @attrs.frozen
+class ModelTransfer:
+    """A whole model coming onto this node: from the Hub (``source`` ``"hub"``) or from the
+    cluster's holders (``"peers"``). ``bytes_done`` of ``bytes_total`` over all its files;
+    ``file`` is the file in flight (``""``: none), ``file_done`` of ``file_total`` of it;
+    ``rate_bps`` the bytes per second over the last few seconds; ``eta_s`` the seconds left
+    at that rate (``None`` until bytes move); ``started_at`` the node's wall clock (display)."""
+
+    model: str
+    source: str
+    bytes_done: int
+    bytes_total: int
+    file: str
+    file_done: int
+    file_total: int
+    rate_bps: float
+    eta_s: float | None
+    started_at: float
+
+
+@attrs.frozen
+class StoredModelReading:
+    """A model in the node's store: ``sha256`` (manifest hash, its identity), ``names`` it is
+    known by, ``size`` (distinct files counted once), ``last_used`` (node wall clock)."""
+
+    sha256: str
+    names: tuple[str, ...]
+    size: int
+    last_used: float
+
+
+@attrs.frozen
+class StoreReading:
+    """The node's model store: ``used_bytes`` of blobs, ``budget_bytes`` (``None``: the disk
+    only), ``available_bytes`` a new model may take now without evicting anything, and
+    ``models`` it holds (at most :data:`MAX_STORED`, most recently used first)."""
+
+    used_bytes: int
+    budget_bytes: int | None
+    available_bytes: int
+    models: tuple[StoredModelReading, ...] = ()
+
+
+@attrs.frozen
 class NodeReadings:
     """One sample of a node's state, taken by that node.
 
@@ -123,6 +166,8 @@ class NodeReadings:
     (at most :data:`MAX_SERVING`), ``disk`` the free space where its models live (``None``:
     not read), ``fetch_failures`` its recent failed weight fetches, newest last (at most
     :data:`MAX_FETCH_FAILURES`; a later fetch of the same model that succeeds clears them).
+    ``transfers`` lists whole models coming onto the node (Hub downloads and spreads from
+    peers, at most :data:`MAX_TRANSFERS`), ``store`` its model store (``None``: not read).
     """
 
     node_id: str
@@ -142,12 +187,18 @@ class NodeReadings:
     serving: tuple[RunnerReading, ...] = ()
     disk: DiskReading | None = None
     fetch_failures: tuple[FetchFailure, ...] = ()
+    transfers: tuple[ModelTransfer, ...] = ()
+    store: StoreReading | None = None
 
 
 #: The most fetches one node's readings list (the readings stay small whatever is placed).
 MAX_FETCHES = 64
 #: The most runners one node's readings list in ``serving``.
 MAX_SERVING = 64
+#: The most whole-model transfers one node's readings list.
+MAX_TRANSFERS = 16
+#: The most stored models one node's readings list.
+MAX_STORED = 64
 #: The most failed fetches one node's readings list (the newest are kept).
 MAX_FETCH_FAILURES = 8
 #: The longest ``FetchFailure.message`` a node publishes (longer ones are cut).
