@@ -36,6 +36,7 @@ from skulk.config._values import (
     COMPUTE_PORTS_FLOOR,
     COMPUTE_PORTS_OFFSET,
     ByteSize,
+    Switch,
     default_home,
 )
 
@@ -119,6 +120,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_limit", ByteSize,
            "advertise at most this much memory to placement (512M, 2G, ...): available is "
            "at most the limit less what this node's runners use", _positive_size),
+    Option("store_budget", ByteSize,
+           "most bytes this node's model store (<home>/store) keeps; least recently used "
+           "models not in use are evicted to make room (512M, 20G, ...; default: the disk, "
+           "less 1G kept free)", _size),
+    Option("offline", Switch,
+           "serve only what the model store and the local Hugging Face cache hold: no Hub "
+           "call (also HF_HUB_OFFLINE=1)"),
     Option("kv_cache_memory", ByteSize,
            "KV-cache memory each runner gives its running requests (512M, 2G, ...); a request "
            "reserves its prompt plus max_tokens, others wait for room (default: half the "
@@ -170,6 +178,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
         default = getattr(defaults, opt.name)
         shown = f"default {default}" if default not in ("", (), None) else "default none"
+        if opt.kind is Switch:  # a bare flag: on
+            parser.add_argument(
+                opt.flag,
+                dest=opt.name,
+                action="store_const",
+                const="1",
+                help=f"{opt.help} [{opt.env}]",
+            )
+            continue
         parser.add_argument(
             opt.flag,
             dest=opt.name,
@@ -215,6 +232,6 @@ def _value(opt: Option, raw: object, source: str) -> object:
         raise ValueError(f"{source}: expected {expected}, got {raw!r}") from None
     if opt.check is not None and (problem := opt.check(value)) is not None:
         raise ValueError(f"{source}: expected {problem}, got {raw!r}")
-    if isinstance(value, ByteSize):
-        return int(value)  # a plain int from here on (the wire codecs take exact types)
+    if isinstance(value, ByteSize | Switch):
+        return bool(value) if isinstance(value, Switch) else int(value)  # a plain int from here on (the wire codecs take exact types)
     return value.expanduser() if isinstance(value, Path) else value

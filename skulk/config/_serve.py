@@ -69,6 +69,10 @@ class ServeConfig:
     max_queue: int = 64
     # what this node offers to placement
     memory_limit: int | None = None
+    # the model store (<home>/store): at most this many bytes (None: the disk, less a reserve)
+    store_budget: int | None = None
+    # no Hub calls: the store and the local Hub cache only (HF_HUB_OFFLINE=1 says the same)
+    offline: bool = False
     # a runner's KV memory for running requests, and for kept prefixes (None: the runner's
     # defaults, see skulk.engine._batch and skulk.engine._prefix_cache)
     kv_cache_memory: int | None = None

@@ -43,6 +43,21 @@ class ByteSize(int):
         return super().__new__(cls, amount)
 
 
+class Switch(int):
+    """An on/off setting: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any
+    case; a bare flag is on). ``ValueError`` otherwise."""
+
+    description = "1, true, yes, on, 0, false, no or off"
+    _ON = ("1", "true", "yes", "on")
+    _OFF = ("0", "false", "no", "off", "")
+
+    def __new__(cls, value: object) -> Switch:
+        text = str(value).strip().lower()
+        if text not in cls._ON + cls._OFF:
+            raise ValueError(f"not on or off: {value!r}")
+        return super().__new__(cls, text in cls._ON)
+
+
 def parse_port_range(text: str) -> tuple[int, int]:
     """``LO-HI`` (``1 <= LO <= HI <= 65535``) as ``(LO, HI)``; ``ValueError`` otherwise."""
     lo, sep, hi = text.strip().partition("-")

@@ -190,3 +190,17 @@ def test_compute_host_defaults_to_the_listen_host_but_never_a_wildcard() -> None
     for bad in ("0.0.0.0", "::", "a b"):
         with pytest.raises(ValueError, match="--compute-host"):
             parse(["--compute-host", bad])
+
+
+def test_store_budget_takes_sizes_and_offline_is_a_bare_flag_or_a_switch() -> None:
+    config = parse([])
+    assert config.store_budget is None and config.offline is False
+    config = parse(["--store-budget", "20G", "--offline"])
+    assert config.store_budget == 20 * 1024**3 and config.offline is True
+    config = parse([], {"SKULK_STORE_BUDGET": "512M", "SKULK_OFFLINE": "yes"})
+    assert config.store_budget == 512 * 1024**2 and config.offline is True
+    assert parse([], {"SKULK_OFFLINE": "off"}).offline is False
+    with pytest.raises(ValueError, match="SKULK_OFFLINE"):
+        parse([], {"SKULK_OFFLINE": "maybe"})
+    with pytest.raises(ValueError, match="--store-budget"):
+        parse(["--store-budget", "lots"])
