@@ -23,7 +23,7 @@ The gossip driver (the single consumer of ``mesh.events``) and this node's readi
 
 See :mod:`skulk.telemetry._gossip` for the rounds, the replies and what is skipped.
 :class:`FetchBoard` collects this node's weight fetches in progress (and recent failed ones) for its
-readings.
+readings; :class:`TransferBoard` the whole models coming onto it (Hub downloads, spreads).
 """
 
 from ._epoch import next_epoch
@@ -31,6 +31,7 @@ from ._fetchboard import FetchBoard
 from ._gossip import TelemetryGossip
 from ._readings import sample_readings
 from ._store import TelemetryConfig, TelemetryStore
+from ._transferboard import TransferBoard
 from ._view import TelemetryView
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "TelemetryGossip",
     "TelemetryStore",
     "TelemetryView",
+    "TransferBoard",
     "next_epoch",
     "sample_readings",
 ]

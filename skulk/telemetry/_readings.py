@@ -27,12 +27,15 @@ from skulk.wire.telemetry import (
     MAX_FETCH_FAILURES,
     MAX_FETCHES,
     MAX_SERVING,
+    MAX_TRANSFERS,
     ComputePorts,
     DiskReading,
     FetchFailure,
     FetchProgress,
+    ModelTransfer,
     NodeReadings,
     RunnerReading,
+    StoreReading,
 )
 
 _MEMINFO = "/proc/meminfo"
@@ -51,6 +54,8 @@ def sample_readings(
     serving: Iterable[RunnerReading] = (),
     models_dir: Path | None = None,
     fetch_failures: Iterable[FetchFailure] = (),
+    transfers: Iterable[ModelTransfer] = (),
+    store: StoreReading | None = None,
 ) -> NodeReadings:
     """This node's readings now. ``sampled_at`` defaults to ``time.time()``. With
     ``memory_limit``, memory is capped as :func:`cap_memory` says (``runner_bytes``: what this
@@ -59,6 +64,8 @@ def sample_readings(
     :data:`~skulk.wire.telemetry.MAX_SERVING` runners and the newest
     :data:`~skulk.wire.telemetry.MAX_FETCH_FAILURES` failures). With ``models_dir``, the free
     space of the file system holding it is read (:func:`disk_reading`; one ``statvfs``).
+    ``transfers`` (at most :data:`~skulk.wire.telemetry.MAX_TRANSFERS`) and ``store`` are
+    published as given.
 
     Memory comes from ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) on Linux, else from
     ``os.sysconf`` (physical pages; available pages where the platform has them, otherwise the
@@ -86,6 +93,8 @@ def sample_readings(
         serving=tuple(serving)[:MAX_SERVING],
         disk=None if models_dir is None else disk_reading(models_dir),
         fetch_failures=tuple(fetch_failures)[-MAX_FETCH_FAILURES:],
+        transfers=tuple(transfers)[:MAX_TRANSFERS],
+        store=store,
     )
 
 
