@@ -15,6 +15,7 @@ import cbor2
 from ..wire import Codec
 from ..wire.cluster import (
     ClusterConfig,
+    Download,
     InstanceStatus,
     ModelCard,
     NodeStatus,
@@ -71,6 +72,7 @@ class State:
     instances: tuple[Instance, ...] = ()
     runners: tuple[Runner, ...] = ()
     config: ClusterConfig = attrs.field(factory=ClusterConfig)
+    downloads: tuple[Download, ...] = ()
 
     def node(self, node_id: str) -> Node | None:
         return next((n for n in self.nodes if n.id == node_id), None)

@@ -232,6 +232,8 @@ def _value(opt: Option, raw: object, source: str) -> object:
         raise ValueError(f"{source}: expected {expected}, got {raw!r}") from None
     if opt.check is not None and (problem := opt.check(value)) is not None:
         raise ValueError(f"{source}: expected {problem}, got {raw!r}")
-    if isinstance(value, ByteSize | Switch):
-        return bool(value) if isinstance(value, Switch) else int(value)  # a plain int from here on (the wire codecs take exact types)
+    if isinstance(value, Switch):
+        return bool(value)
+    if isinstance(value, ByteSize):
+        return int(value)  # a plain int from here on (the wire codecs take exact types)
     return value.expanduser() if isinstance(value, Path) else value

@@ -49,9 +49,12 @@ def pull(
     in_use: Callable[[], set[str]] = set,
     progress: ProgressCallback | None = None,
     policy: HubPolicy = DEFAULT_POLICY,
+    cancel_check: Callable[[], bool] | None = None,
 ) -> StoredModel:
     """The stored model ``ref`` names, pulled into ``store`` when it is not there yet (see the
-    module doc). ``in_use``: the manifest hashes eviction must spare. Raises
+    module doc). ``in_use``: the manifest hashes eviction must spare. ``cancel_check``: polled as bytes
+    arrive; when it answers true the download stops with :class:`~skulk.hub.DownloadCancelled`
+    (what arrived stays in staging, for the next pull to resume). Raises
     :class:`~skulk.hub.HubError` subclasses and :class:`~skulk.store.StoreFull`."""
     if isinstance(ref, str):
         ref = parse_hub_ref(ref)
@@ -69,7 +72,14 @@ def pull(
     for retry in (False, True):
         store.ensure_room(missing, in_use())  # StoreFull, nothing evicted, when it cannot fit
         try:
-            hashes = download(plan, store.staging(key), progress, token=token, policy=policy)
+            hashes = download(
+                plan,
+                store.staging(key),
+                progress,
+                cancel_check,
+                token=token,
+                policy=policy,
+            )
         except OSError as exc:
             if exc.errno not in _FULL_ERRNOS:
                 raise

@@ -10,6 +10,15 @@ from skulk.worker._model_service import (
     RequestFailure,
     ServiceStatistics,
 )
+from skulk.worker._models import (
+    FetchWhole,
+    HubAccess,
+    ModelDuties,
+    SpreadProgress,
+    failure_of,
+    local_card,
+    store_reading,
+)
 from skulk.worker._reconciler import Assignment, Reconciler, phase_of
 from skulk.worker._scored import ScoredText, join_scored, logprobs_of
 from skulk.worker._serving import ServingSampler
@@ -19,6 +28,9 @@ __all__ = [
     "RUNNER_RESTARTS",
     "Assignment",
     "Embedding",
+    "FetchWhole",
+    "HubAccess",
+    "ModelDuties",
     "ModelService",
     "ModelStatus",
     "ModelUnavailable",
@@ -27,7 +39,11 @@ __all__ = [
     "ScoredText",
     "ServiceStatistics",
     "ServingSampler",
+    "SpreadProgress",
+    "failure_of",
     "join_scored",
+    "local_card",
     "logprobs_of",
     "phase_of",
+    "store_reading",
 ]
