@@ -10,6 +10,7 @@ wires the layers together.
     ├── Reconciler       runs exactly the runners the State assigns here (one ModelService each)
     ├── Hypercorn        the Quart-Trio API (trio worker): any model, through the Router
     ├── TelemetryGossip  this node's readings, last-writer-wins gossip over the mesh
+    ├── ModelDuties      Hub downloads the State gives this node; Hub models spread from holders
     └── ClusterControl   the leader's duties (liveness, re-placement, removal); --model's instance
 
 Shutdown: hand Raft leadership over if this node leads, stop accepting, give open streams
@@ -24,7 +25,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -59,12 +60,14 @@ from skulk.federation import (
 )
 from skulk.identity import load_or_create_node_id
 from skulk.metrics import NodeMetrics
-from skulk.models import ShardSlice, model_card
+from skulk.models import ShardSlice
 from skulk.routing import ASK_METHOD, ROUTE_METHOD, Admission, RemoteRouting, Router
+from skulk.store import ModelStore, StoredModel
 from skulk.telemetry import (
     FetchBoard,
     TelemetryGossip,
     TelemetryStore,
+    TransferBoard,
     next_epoch,
     sample_readings,
 )
@@ -74,12 +77,23 @@ from skulk.transfer import (
     WeightClient,
     WeightServer,
     fetch_model,
+    fetch_whole,
     is_transfer_stream,
 )
+from skulk.wire.cluster import ModelCard
 from skulk.wire.diagnostics import TimelineEvent
 from skulk.wire.runner import ShardSpec
 from skulk.wire.telemetry import ComputePorts, NodeReadings
-from skulk.worker import Assignment, ModelService, Reconciler, ServingSampler
+from skulk.worker import (
+    Assignment,
+    HubAccess,
+    ModelDuties,
+    ModelService,
+    Reconciler,
+    ServingSampler,
+    SpreadProgress,
+    local_card,
+)
 
 log = logging.getLogger("skulk")
 
@@ -142,6 +156,14 @@ async def serve(
         )
     except (ValueError, MeshAddressError) as exc:  # TlsConfigError is a ValueError
         raise StartupError(str(exc)) from None
+    try:  # opening repairs what a crash left (blocking file I/O)
+        store = await trio.to_thread.run_sync(
+            partial(ModelStore, config.home / "store", config.store_budget)
+        )
+    except OSError as exc:
+        where = config.home / "store"
+        raise StartupError(f"cannot open the model store in {where}: {exc}") from None
+    hub = HubAccess(os.environ.get("HF_TOKEN") or None, True if config.offline else None)
     # A node started without --join founds a cluster (if it has no Raft data yet).
     founder = not config.join
     consensus: ConsensusService[State] = ConsensusService(
@@ -152,6 +174,7 @@ async def serve(
     compute: list[ComputePorts] = []  # likewise: this node's compute host and port range
     fetches = FetchBoard()  # weight fetches in progress (and failed), published in the readings
     serving = ServingSampler()  # the runners this node hosts, published in the readings
+    transfers = TransferBoard()  # whole models coming here (Hub downloads, spreads)
 
     def runner_bytes() -> int:
         """Memory this node's live runners use (their last heartbeat's RSS)."""
@@ -177,6 +200,8 @@ async def serve(
             ),
             models_dir=config.home / "models",
             fetch_failures=fetches.failures(now=time.time()),
+            transfers=transfers.snapshot(),
+            store=duties.store_reading(),
         )
 
     gossip = TelemetryGossip(mesh, TelemetryStore(node_id, next_epoch(config.home)), sample)
@@ -185,29 +210,52 @@ async def serve(
         consensus,
         mesh,
         lambda: {n: e.readings for n, e in gossip.store.view.items()},
-        card_for=lambda model: model_card(model, config.home, node_id),
+        card_for=lambda model: local_card(model, config.home, node_id, store),
+        hub_token=hub.token,
+        offline=bool(hub.offline),
         ensure_model=config.ensured_model(founder=founder),
         config_changes=config.cluster_config_changes(),
     )
 
     weights_client = WeightClient(mesh)
-    weights_server = WeightServer(mesh, lambda model: control.state.model(model), config.home)
+    weights_server = WeightServer(
+        mesh, lambda model: control.state.model(model), config.home, store=store
+    )
+
+    async def fetch_spread(
+        card: ModelCard, holders: Sequence[str], progress: SpreadProgress
+    ) -> StoredModel:
+        return await fetch_whole(
+            weights_client, card, config.home, store, holders=holders, progress=progress
+        )
+
+    duties = ModelDuties(node_id, control, store, transfers, fetch_spread, now_ms, hub=hub)
 
     def make_service(a: Assignment) -> ModelService:
         card, shard = a.card, a.shard
         part = ShardSlice(a.sharding, shard.start, shard.end, card.architecture.layers)
 
         async def resolve() -> Path:
-            """The weights this rank needs, here (fetched from a holder if need be)."""
-
-            return await fetches.follow(  # progress, and failures for node health
+            """The weights this rank needs, here (fetched from a holder if need be); a fetch
+            that completed the whole model makes this node one of its holders."""
+            completed: list[ModelCard] = []
+            directory = await fetches.follow(  # progress, and failures for node health
                 a.instance,
                 a.rank,
                 card.id,
                 lambda progress: fetch_model(
-                    weights_client, card, part, config.home, progress=progress
+                    weights_client,
+                    card,
+                    part,
+                    config.home,
+                    progress=progress,
+                    store=store,
+                    on_complete=completed.append,
                 ),
             )
+            if completed:
+                await duties.hold(completed[0])
+            return directory
 
         spec: ShardSpec | None = None
         if a.sharding != "single":
@@ -288,6 +336,7 @@ async def serve(
         consensus=consensus,
         timeline=timeline,
         api_keys=api_keys,
+        store=store,
     )
     envelope_hypercorn_errors()  # the answers Hypercorn gives without the app: the envelope too
     hc = HypercornConfig()
@@ -339,6 +388,7 @@ async def serve(
         await nursery.start(remote.run)
         await nursery.start(weights_server.run)
         await nursery.start(reconciler.run)
+        await nursery.start(duties.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"
         addresses.update(listen=f"{scheme}://{listen}", api=url)

@@ -310,6 +310,11 @@ class ModelDuties:
         log.info("holding %s (fetched from the cluster)", card.id)
         await self._commit(RegisterModel(attrs.evolve(card, holders=(self.node_id,))))
 
+    async def hold(self, card: ModelCard) -> None:
+        """This node completed ``card``'s model in its store (a shard's fetch took every
+        file): commit it as one more holder."""
+        await self._commit(RegisterModel(attrs.evolve(card, holders=(self.node_id,))))
+
     def _make_room(self, nbytes: int) -> None:
         self.store.ensure_room(nbytes, self.in_use())
 
