@@ -182,7 +182,7 @@ def test_a_model_no_node_has_room_for_is_disk_full_before_any_byte(
 def test_the_hub_gone_mid_download_fails_typed_and_the_download_is_re_placed(
     cluster: list[NodeProcess], hub: HubServer
 ) -> None:
-    a, b, c = cluster
+    a, _, c = cluster
     size = len(hub.repos[GONE].files["model.safetensors"].data)
     hub.cut_once(GONE, "model.safetensors", size // 2, then_gone=True)
     reply = c.post("/v1/pulls", json={"model": GONE, "stream": False}, timeout=600)
