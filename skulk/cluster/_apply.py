@@ -28,6 +28,7 @@ from ..wire.cluster import (
     PlaceInstance,
     RegisterModel,
     Rejected,
+    ReleaseModel,
     RejectReason,
     RemoveNode,
     ReportRunner,
@@ -113,6 +114,16 @@ def _apply(state: State, command: ClusterCommand) -> State:
             return attrs.evolve(state, instances=_put(state.instances, updated, _id))
         case ReportRunner():
             return _report(state, command)
+        case ReleaseModel(model, node):
+            held = state.model(model)
+            _require(held is not None, "unknown_model", f"no model {model!r}")
+            assert held is not None
+            if node not in held.holders:
+                return state
+            holders = tuple(h for h in held.holders if h != node)
+            return attrs.evolve(
+                state, models=_put(state.models, attrs.evolve(held, holders=holders), _id)
+            )
         case SetConfig(config):
             _check_config(config)
             return attrs.evolve(state, config=config)

@@ -264,6 +264,15 @@ class DownloadFailed:
     at: int
 
 
+@attrs.frozen
+class ReleaseModel:
+    """``node`` no longer holds ``model`` (its store evicted or removed it): it leaves the
+    card's holders, so no peer asks it for the model's weights. Idempotent."""
+
+    model: str
+    node: str
+
+
 ClusterCommand = (
     UpsertNode
     | NodeStatusChanged
@@ -276,6 +285,7 @@ ClusterCommand = (
     | SetConfig
     | StartDownload
     | DownloadFailed
+    | ReleaseModel
 )
 
 # ---- results -------------------------------------------------------------------------------------

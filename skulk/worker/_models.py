@@ -23,7 +23,9 @@ onto it from their holders, so every node that completes a model becomes a holde
 
 It also samples the store for the node's readings (:meth:`ModelDuties.store_reading`),
 in a worker thread every :data:`STORE_SAMPLE_S` seconds, so a telemetry sample never touches
-the disk.
+the disk; a model the State lists this node as a holder of and its store no longer has
+(evicted within the budget, removed with ``DELETE /v1/store/{model}``) is released
+(``ReleaseModel``), so no peer asks this node for it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from skulk.wire.cluster import (
     ModelCard,
     RegisterModel,
     Rejected,
+    ReleaseModel,
 )
 from skulk.wire.telemetry import MAX_STORED, StoredModelReading, StoreReading
 
@@ -334,12 +337,29 @@ class ModelDuties:
             return
 
     async def _sample_store(self) -> None:
+        """Sample the store for the readings, and release what this node no longer holds."""
         while True:
             try:
                 self._store_reading = await trio.to_thread.run_sync(store_reading, self.store)
+                gone = await trio.to_thread.run_sync(self._not_held, self._control.state)
             except OSError as exc:
                 log.warning("cannot read the model store: %s", exc)
+                gone = []
+            for model in gone:  # evicted, removed or lost: peers must not ask this node
+                log.info("no longer holding %s", model)
+                await self._commit(ReleaseModel(model, self.node_id))
             await trio.sleep(STORE_SAMPLE_S)
+
+    def _not_held(self, state: State) -> list[str]:
+        """Models the State says this node holds that its store does not (blocking)."""
+        return [
+            card.id
+            for card in state.models
+            if self.node_id in card.holders
+            and isinstance(card.source, HubSource | ImportedSource)
+            and card.manifest_sha256 is not None
+            and self.store.lookup(card.manifest_sha256) is None
+        ]
 
 
 def store_reading(store: ModelStore) -> StoreReading:

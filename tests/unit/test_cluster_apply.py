@@ -19,6 +19,7 @@ from skulk.wire.cluster import (
     PathSource,
     PlaceInstance,
     RegisterModel,
+    ReleaseModel,
     Rejected,
     RemoveNode,
     ReportRunner,
@@ -222,3 +223,16 @@ def test_a_card_in_use_gains_holders_but_cannot_change_otherwise() -> None:
     card = state.model("demo")
     assert card is not None and card.holders == ("a", "b")
     assert rejected(state, RegisterModel(attrs.evolve(CARD, weight_bytes=5))) == "model_in_use"
+
+
+def test_a_node_releases_a_model_it_no_longer_holds() -> None:
+    state = run(RegisterModel(attrs.evolve(CARD, holders=("a", "b"))), state=base())
+    state = run(ReleaseModel("demo", "a"), state=state)
+    card = state.model("demo")
+    assert card is not None and card.holders == ("b",)
+    assert run(ReleaseModel("demo", "a"), state=state) == state  # idempotent
+    assert rejected(state, ReleaseModel("nothing", "a")) == "unknown_model"
+    # A holder again later: the card merges it back.
+    state = run(RegisterModel(attrs.evolve(CARD, holders=("a",))), state=state)
+    card = state.model("demo")
+    assert card is not None and card.holders == ("a", "b")

@@ -30,6 +30,7 @@ from skulk.wire.cluster import (
     ImportedSource,
     ModelCard,
     RegisterModel,
+    ReleaseModel,
 )
 from skulk.worker import ModelDuties, SpreadProgress, failure_of, local_card, store_reading
 
@@ -280,3 +281,20 @@ def test_a_model_directory_is_imported_by_content_and_named_by_its_manifest(
     with pytest.raises(StoreFull):
         local_card(str(model_dir), tmp_path / "home", "me", small)
     assert failure_of(StoreFull(10, 1, 0, limit="budget"))[0] == "disk_full"
+
+
+async def test_a_model_gone_from_the_store_is_released(
+    tmp_path: Path, model_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+    card = local_card(str(model_dir), tmp_path / "home", "me", store)
+    control = FakeControl(State(nodes=nodes("me"), models=(card,)))
+    worker = duties(control, store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(10)
+        assert control.commands == []  # held: nothing to say
+        await trio.to_thread.run_sync(store.remove, card.id)
+        await control.wait_commands()
+        nursery.cancel_scope.cancel()
+    assert control.commands == [ReleaseModel(card.id, "me")]
