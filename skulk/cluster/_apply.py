@@ -23,17 +23,20 @@ from ..wire.cluster import (
     ClusterConfig,
     ClusterResult,
     DeleteInstance,
+    Download,
+    DownloadFailed,
     ModelCard,
     NodeStatusChanged,
     PlaceInstance,
     RegisterModel,
     Rejected,
-    ReleaseModel,
     RejectReason,
+    ReleaseModel,
     RemoveNode,
     ReportRunner,
     SetConfig,
     SetInstanceStatus,
+    StartDownload,
     UpsertNode,
 )
 from ._state import Instance, Node, Runner, State
@@ -87,7 +90,11 @@ def _apply(state: State, command: ClusterCommand) -> State:
             _known_node(state, node)
             users = [i.id for i in state.instances if any(s.node == node for s in i.shards)]
             _require(not users, "node_in_use", f"node {node!r} runs shards of {users}")
-            return attrs.evolve(state, nodes=tuple(n for n in state.nodes if n.id != node))
+            return attrs.evolve(
+                state,
+                nodes=tuple(n for n in state.nodes if n.id != node),
+                downloads=tuple(d for d in state.downloads if d.node != node),
+            )
         case RegisterModel(card):
             _check_card(card)
             old = state.model(card.id)
@@ -100,7 +107,11 @@ def _apply(state: State, command: ClusterCommand) -> State:
                 )
             in_use = old is not None and any(i.model == card.id for i in state.instances)
             _require(not in_use, "model_in_use", f"instances of {card.id!r} exist")
-            return attrs.evolve(state, models=_put(state.models, card, _id))
+            return attrs.evolve(  # a download of the model is done
+                state,
+                models=_put(state.models, card, _id),
+                downloads=tuple(d for d in state.downloads if d.model != card.id),
+            )
         case PlaceInstance():
             return _place(state, command)
         case DeleteInstance(instance):
@@ -124,6 +135,19 @@ def _apply(state: State, command: ClusterCommand) -> State:
             return attrs.evolve(
                 state, models=_put(state.models, attrs.evolve(held, holders=holders), _id)
             )
+        case StartDownload():
+            return _start_download(state, command)
+        case DownloadFailed(model, node, reason, detail, at):
+            entry = next((d for d in state.downloads_of(model) if d.node == node), None)
+            _require(entry is not None, "unknown_download", f"{node!r} downloads no {model!r}")
+            assert entry is not None
+            _require(bool(reason), "bad_value", "empty reason")
+            if entry.status == "failed":
+                return state  # a repeat
+            failed = attrs.evolve(
+                entry, status="failed", changed_at=at, reason=reason, detail=detail
+            )
+            return attrs.evolve(state, downloads=_put(state.downloads, failed, _download_key))
         case SetConfig(config):
             _check_config(config)
             return attrs.evolve(state, config=config)
@@ -172,6 +196,32 @@ def _place(state: State, command: PlaceInstance) -> State:
         instances=_put(state.instances, instance, _id),
         runners=tuple(sorted((*state.runners, *runners), key=_runner_key)),
     )
+
+
+def _start_download(state: State, command: StartDownload) -> State:
+    _require(bool(command.model) and bool(command.repo), "bad_value", "empty model or repo")
+    _require(command.total_bytes >= 0, "bad_value", "total_bytes must be >= 0")
+    _require(state.model(command.model) is None, "model_exists", f"{command.model!r} has a card")
+    running = state.download(command.model)
+    _require(
+        running is None or running.node == command.node,
+        "duplicate_download",
+        f"{command.model!r} is downloading on {running.node if running else ''!r}",
+    )
+    if running is not None:
+        return state  # a repeat
+    node = _known_node(state, command.node)
+    _require(node.status == "up", "node_not_up", f"node {node.id!r} is {node.status}")
+    entry = Download(
+        command.model,
+        command.repo,
+        command.commit,
+        command.node,
+        command.total_bytes,
+        "downloading",
+        command.at,
+    )
+    return attrs.evolve(state, downloads=_put(state.downloads, entry, _download_key))
 
 
 def _delete(state: State, instance: str) -> State:
@@ -268,6 +318,10 @@ def _require(ok: bool, reason: RejectReason, detail: str) -> None:
 
 def _id(item: Node | ModelCard | Instance) -> str:
     return item.id
+
+
+def _download_key(download: Download) -> tuple[str, str]:
+    return download.model, download.node
 
 
 def _runner_key(runner: Runner) -> tuple[str, int]:

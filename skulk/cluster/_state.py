@@ -65,7 +65,7 @@ class Runner:
 class State:
     """The whole cluster State. Build it with :func:`skulk.cluster.apply`, not by hand: the
     tuples must stay sorted by key and unique (``nodes`` by id, ``models`` by id,
-    ``instances`` by id, ``runners`` by (instance, rank))."""
+    ``instances`` by id, ``runners`` by (instance, rank), ``downloads`` by (model, node))."""
 
     nodes: tuple[Node, ...] = ()
     models: tuple[ModelCard, ...] = ()
@@ -82,6 +82,16 @@ class State:
 
     def instance(self, instance_id: str) -> Instance | None:
         return next((i for i in self.instances if i.id == instance_id), None)
+
+    def download(self, model: str) -> Download | None:
+        """The running (``downloading``) download of ``model``, if any."""
+        return next(
+            (d for d in self.downloads if d.model == model and d.status == "downloading"), None
+        )
+
+    def downloads_of(self, model: str) -> tuple[Download, ...]:
+        """Every download entry of ``model`` (running and failed), by node."""
+        return tuple(d for d in self.downloads if d.model == model)
 
 
 STATE_CODEC: Codec[State] = Codec(State, max_frame_size=256 * 1024 * 1024)

@@ -14,18 +14,21 @@ from skulk.wire.cluster import (
     ClusterConfig,
     DeleteInstance,
     DemoSource,
+    Download,
+    DownloadFailed,
     ModelCard,
     NodeStatusChanged,
     PathSource,
     PlaceInstance,
     RegisterModel,
-    ReleaseModel,
     Rejected,
+    ReleaseModel,
     RemoveNode,
     ReportRunner,
     SetConfig,
     SetInstanceStatus,
     Shard,
+    StartDownload,
     UpsertNode,
 )
 from skulk.wire.raft import Entry, EntryKind
@@ -236,3 +239,44 @@ def test_a_node_releases_a_model_it_no_longer_holds() -> None:
     state = run(RegisterModel(attrs.evolve(CARD, holders=("a",))), state=state)
     card = state.model("demo")
     assert card is not None and card.holders == ("a", "b")
+
+
+def start(node: str, model: str = "org/m", at: int = 10) -> StartDownload:
+    return StartDownload(model, "org/m", "c" * 40, node, 1000, at)
+
+
+def test_a_download_runs_on_one_node_fails_typed_and_ends_with_the_card() -> None:
+    state = run(start("a"), state=base())
+    assert state.download("org/m") == Download(
+        "org/m", "org/m", "c" * 40, "a", 1000, "downloading", 10
+    )
+    assert run(start("a"), state=state) == state  # a repeat
+    assert rejected(state, start("b")) == "duplicate_download"
+    assert rejected(base(), start("c")) == "node_not_up"
+    assert rejected(base(), start("z")) == "unknown_node"
+    assert rejected(base(), start("a", model="demo")) == "model_exists"
+    assert rejected(state, DownloadFailed("org/m", "b", "hub_unreachable", "", 11)) == (
+        "unknown_download"
+    )
+    failed = run(DownloadFailed("org/m", "a", "hub_unreachable", "gone", 11), state=state)
+    (entry,) = failed.downloads
+    assert (entry.status, entry.reason, entry.detail, entry.changed_at) == (
+        "failed", "hub_unreachable", "gone", 11,
+    )  # fmt: skip
+    assert failed.download("org/m") is None
+    assert run(DownloadFailed("org/m", "a", "other", "", 12), state=failed) == failed
+    # Re-placed on b: a's failure stays visible; a retry on a replaces a's entry.
+    moved = run(start("b", at=12), state=failed)
+    assert [(d.node, d.status) for d in moved.downloads] == [("a", "failed"), ("b", "downloading")]
+    again = run(start("a", at=13), state=failed)
+    assert [(d.node, d.status) for d in again.downloads] == [("a", "downloading")]
+    # The card registered: every entry of the model goes.
+    card = attrs.evolve(CARD, id="org/m", holders=("b",))
+    done = run(RegisterModel(card), state=moved)
+    assert done.downloads == () and done.model("org/m") == card
+
+
+def test_a_removed_node_takes_its_downloads_with_it() -> None:
+    state = run(start("b"), state=base())
+    state = run(RemoveNode("b"), state=state)
+    assert state.downloads == ()
