@@ -27,6 +27,7 @@ reasons with remedies) from its telemetry and the State.
 """
 
 from ._apply import COMMAND_CODEC, apply
+from ._downloads import choose_downloader, download_commands, store_room
 from ._duties import (
     LeaderView,
     Reachable,
@@ -82,9 +83,11 @@ __all__ = [
     "UnsupportedSharding",
     "addresses_in_use",
     "apply",
+    "choose_downloader",
     "culprit_nodes",
     "decode_result",
     "down_after_s",
+    "download_commands",
     "encode_command",
     "failed_nodes",
     "held_bytes",
@@ -94,4 +97,5 @@ __all__ = [
     "node_health",
     "plan",
     "state_hash",
+    "store_room",
 ]

@@ -30,7 +30,10 @@ in order; the loop asks again on its next tick, so each duty only has to make pr
      one), so a one-off crash re-places on the same nodes. While only victims have reported,
      the instance waits up to :data:`CULPRIT_WAIT_MS` for the culprit's own report (a rank
      that never joined, or crashed, says so a moment after its peers give up on it).
-4. **Removal**: a node ``down`` for ``node_remove_after_ms`` that holds no shard is removed
+4. **Downloads** (:mod:`skulk.cluster._downloads`): a running Hub download whose node is no
+   longer up fails ``node_down``; a model whose downloads all failed is downloaded again on
+   another node with room (the view's ``store_room``).
+5. **Removal**: a node ``down`` for ``node_remove_after_ms`` that holds no shard is removed
    from the State (``RemoveNode``); the loop also takes it out of the Raft membership.
 
 Nothing here reads a clock or draws randomness: ``now_ms`` and ``fresh_ids`` come from the
@@ -51,6 +54,7 @@ from ..wire.cluster import (
     UpsertNode,
 )
 from ..wire.telemetry import ComputePorts
+from ._downloads import download_commands
 from ._placement import (
     PlacementPolicy,
     PlacementRequest,
@@ -106,6 +110,8 @@ class LeaderView:
     culprit of (see the module doc), counted by the leader while it leads."""
     tensor_families: frozenset[str] | None = None
     """The model families tensor sharding works for (``None``: not checked)."""
+    store_room: Mapping[str, int] = attrs.field(factory=dict)
+    """Room per node in its model store, from telemetry (for Hub downloads)."""
 
 
 def next_commands(
@@ -133,6 +139,7 @@ def next_commands(
     taken = set(addresses_in_use(state))  # ... and its compute addresses
     for instance in state.instances:
         commands.extend(_replace(state, instance, usable, view, free, taken, now_ms, fresh_ids))
+    commands.extend(download_commands(state, usable, view.store_room, now_ms))
     holding = {s.node for i in state.instances for s in i.shards}
     for node in state.nodes:
         if (
