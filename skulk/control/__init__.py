@@ -11,10 +11,20 @@ The tour:
   (``_duties``), and which model families tensor sharding works for (``_families``).
 - :class:`ControlUnavailable`: the cluster cannot decide now (no leader, no quorum).
 - :func:`now_ms`: the clock committed timestamps use.
+- :class:`PullStatus`, :class:`PullFailed` (``_pull``): pulling a Hub model into the cluster.
 """
 
 from ._control import ClusterControl
+from ._pull import PullFailed, PullStatus, hub_model_id
 from ._rpc import CONTROL_METHOD, ControlUnavailable
 from ._sight import now_ms
 
-__all__ = ["CONTROL_METHOD", "ClusterControl", "ControlUnavailable", "now_ms"]
+__all__ = [
+    "CONTROL_METHOD",
+    "ClusterControl",
+    "ControlUnavailable",
+    "PullFailed",
+    "PullStatus",
+    "hub_model_id",
+    "now_ms",
+]

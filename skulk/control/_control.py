@@ -20,6 +20,10 @@
   families mlx-lm can tensor-shard (:func:`tensor_families`, probed once per family).
 * **Ensure** (``ensure_model``): once the cluster has a leader, make sure the model has an
   instance (register its card, then an ``if_absent`` placement), retrying until it has one.
+* **Pulls** (``_pull``): a Hub model is checked here (:meth:`ClusterControl.check_hub`), its
+  download decided by the leader (``PullAsk``) and followed to every node
+  (:meth:`ClusterControl.pull`); registering a Hub id (``--model ORG/REPO``, a placement of
+  one) pulls it first.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import itertools
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -37,6 +42,7 @@ import trio
 from skulk.cluster import State, decode_result, encode_command
 from skulk.consensus import ConsensusError, ConsensusService, NoQuorum, SubmitTimeout
 from skulk.federation import LinkError, Mesh, RpcFailed
+from skulk.hub import HubPlan, check, looks_like_hub_ref, parse_hub_ref
 from skulk.wire import WireError
 from skulk.wire.cluster import (
     ClusterCommand,
@@ -48,6 +54,7 @@ from skulk.wire.cluster import (
     Placed,
     PlaceInstance,
     PlacementAsk,
+    PullAsk,
     RegisterModel,
     Rejected,
     RemoveNodeAsk,
@@ -57,6 +64,7 @@ from skulk.wire.telemetry import NodeReadings
 
 from ._asks import place, remove_node
 from ._duties import LeaderDuties
+from ._pull import PullStatus, decide_pull, hub_model_id, pull_statuses
 from ._rpc import CALL_CODEC, CONTROL_METHOD, REPLY_CODEC, ControlUnavailable
 from ._sight import LeaderSight
 
@@ -79,6 +87,8 @@ class ClusterControl:
         config_changes: Mapping[str, int] | None = None,
         duty_interval: float = 0.25,
         submit_timeout: float = 5.0,
+        hub_token: str | None = None,
+        offline: bool = False,
     ) -> None:
         self.node_id = node_id
         self._consensus = consensus
@@ -86,6 +96,8 @@ class ClusterControl:
         self._mesh = mesh
         self._sight = LeaderSight(node_id, consensus.driver, mesh, readings)
         self._card_for = card_for
+        self._hub_token = hub_token
+        self._offline = True if offline else None  # None: as HF_HUB_OFFLINE says
         self.ensure_model = ensure_model
         self._config_changes = dict(config_changes or {})
         self._submit_timeout = submit_timeout
@@ -140,13 +152,42 @@ class ClusterControl:
             self.placements[cause] += 1
         return result
 
+    def readings(self) -> Mapping[str, NodeReadings]:
+        """Every node's telemetry readings, as this node sees them."""
+        return self._sight.readings()
+
+    async def check_hub(self, name: str) -> HubPlan:
+        """Check the Hub model ``name`` (``ORG/REPO[@REVISION]``) from this node, before any
+        weight byte moves (a worker thread; every Hub call has a deadline). Raises
+        ``ValueError`` for a name that is not a Hub id, :class:`~skulk.hub.HubError`."""
+        ref = parse_hub_ref(name)
+        return await trio.to_thread.run_sync(
+            partial(check, ref, self._hub_token, offline=self._offline)
+        )
+
+    def pull(self, name: str) -> AsyncGenerator[PullStatus, None]:
+        """Pull the Hub model ``name`` into the cluster: statuses until every node that can
+        holds it (see :mod:`skulk.control._pull`)."""
+        return pull_statuses(self, name)
+
     async def register_model(self, name: str) -> str:
         """Make sure the model ``name`` resolves to on this node has a card in the State; its
-        id. Raises :class:`~skulk.models.ModelNotFound` (a ``LookupError``) when this node does
-        not have it, ``ValueError`` for a model it cannot describe, :class:`ControlUnavailable`."""
+        id. A Hub id (``ORG/REPO[@REVISION]`` that is not a directory here) is pulled into the
+        cluster first (until its download is done: spreading goes on by itself). Raises
+        :class:`~skulk.models.ModelNotFound` (a ``LookupError``) when this node does not have
+        it, ``ValueError`` for a model it cannot describe, :class:`ControlUnavailable`,
+        :class:`~skulk.hub.HubError` and :class:`PullFailed` for a Hub model."""
         known = model_id(name)
         if self.state.model(known) is not None:
             return known
+        if is_hub_name(name):
+            statuses = self.pull(name)
+            try:
+                async for status in statuses:
+                    if status.phase in ("spreading", "done"):
+                        return status.model
+            finally:
+                await statuses.aclose()
         card = await trio.to_thread.run_sync(self._card_for, name)
         if self.state.model(card.id) is None:
             result = await self.submit(RegisterModel(card))
@@ -203,6 +244,11 @@ class ClusterControl:
                 return await remove_node(
                     call.node, self.state, self._sight, self.submit, self._consensus
                 )
+            if isinstance(call, PullAsk):
+                state = self.state
+                up = {n.id for n in state.nodes if n.status == "up"}
+                usable = up & self._sight.reachable_ids()
+                return await decide_pull(call, state, usable, self.readings(), self.submit)
             return await place(call, self.state, self._sight, self.submit)
 
     # ---- the leader's duties (see ``_duties``) ----
@@ -308,6 +354,18 @@ def placement_cause(state: State, command: PlaceInstance) -> tuple[str, str]:
 
 
 def model_id(name_or_path: str) -> str:
-    """The id a ``--model`` value has in the State (a directory's basename, else the name)."""
+    """The id a ``--model`` value has in the State: a directory's basename, a Hub id's card id
+    (``org/repo``, or ``org/repo@revision`` for a revision other than ``main``), else the
+    name."""
     path = Path(name_or_path).expanduser()
-    return path.name if path.is_dir() else name_or_path
+    if path.is_dir():
+        return path.name
+    if looks_like_hub_ref(name_or_path):
+        return hub_model_id(parse_hub_ref(name_or_path))
+    return name_or_path
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether ``name`` names a Hub model: the shape of a Hub id, and no such directory here
+    (``models/foo`` may be either)."""
+    return looks_like_hub_ref(name) and not Path(name).expanduser().is_dir()

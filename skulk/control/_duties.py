@@ -26,6 +26,7 @@ from skulk.cluster import (
     culprit_nodes,
     failed_nodes,
     next_commands,
+    store_room,
 )
 from skulk.consensus import ConsensusError, ConsensusService, ProposalRefused
 from skulk.wire.cluster import NodeStatusChanged, PlaceInstance, Rejected, RemoveNode
@@ -137,6 +138,7 @@ class LeaderDuties:
             self._sight.compute(),
             {model: dict(counts) for model, counts in self.strikes.items()},
             families,
+            store_room(readings),
         )
 
     def _remember_failures(self, state: State, move: PlaceInstance, down: set[str]) -> None:
