@@ -8,7 +8,7 @@ The holder's side (every node; serves only models the State lists it as holding)
 
     from skulk.transfer import WeightServer, TRANSFER_METHODS
 
-    weights = WeightServer(mesh, lambda model: control.state.model(model), home)
+    weights = WeightServer(mesh, lambda model: control.state.model(model), home, store=store)
     await nursery.start(weights.run)
     # in the mesh's rpc handler: each of TRANSFER_METHODS -> weights.handle_rpc
 
@@ -20,7 +20,9 @@ The fetching side::
     # in the mesh's stream handler:
     #     if await is_transfer_stream(receiver): await client.handle_stream(peer, receiver)
     #     else: ... (routing's streams)
-    directory = await fetch_model(client, card, shard_slice, home, progress=report)
+    directory = await fetch_model(client, card, shard_slice, home, progress=report,
+                                  store=store, on_complete=register_as_holder)
+    stored = await fetch_whole(client, card, home, store, holders=holders, progress=report5)
 
 See :mod:`skulk.transfer._fetch` for what is fetched, checked and recorded (and its policy),
 :mod:`skulk.transfer._errors` for the typed failures (:class:`NoHolderReachable`,
@@ -29,8 +31,9 @@ See :mod:`skulk.transfer._fetch` for what is fetched, checked and recorded (and 
 
 from ._client import WeightClient
 from ._errors import DiskFull, NoHolderReachable
-from ._fetch import fetch_model
+from ._fetch import fetch_model, fetch_whole
 from ._protocol import CHUNK_SIZE, TRANSFER_METHODS, is_transfer_stream
+from ._run import FetchPolicy
 from ._server import WeightServer
 from ._store import store_directory
 
@@ -38,10 +41,12 @@ __all__ = [
     "CHUNK_SIZE",
     "TRANSFER_METHODS",
     "DiskFull",
+    "FetchPolicy",
     "NoHolderReachable",
     "WeightClient",
     "WeightServer",
     "fetch_model",
+    "fetch_whole",
     "is_transfer_stream",
     "store_directory",
 ]
