@@ -67,11 +67,12 @@ class FetchPolicy:
     """How a fetch asks: batch size, concurrent streams per holder, and the retries of
     holders that fail transiently."""
 
-    batch_bytes: int = 16 * 1024 * 1024
+    batch_bytes: int = 64 * 1024 * 1024
     max_pieces: int = 1024
-    streams_per_holder: int = 2
+    streams_per_holder: int = 1
     """Batches asked of one holder at once (its ``WeightServer`` allows 2 per peer by
-    default; more are refused ``overloaded``)."""
+    default; more are refused ``overloaded``). One: a second stream over the same link
+    measured slower on a 2-core machine, where each end is CPU-bound already."""
     retry_rounds: int = 6
     """Rounds (every holder failed once) in a row without progress before giving up."""
     initial_backoff: float = attrs.field(default=0.5, validator=positive)

@@ -11,7 +11,7 @@ files); other models only from a card's local path (:class:`~skulk.wire.cluster.
 Everything else is a typed refusal (rpc error reasons, listed in
 :mod:`skulk.wire.transfer`). An accepted range request is streamed back on a data stream
 from :meth:`run`'s nursery: a reader task reads chunks on a worker thread (never on the Trio
-thread) one ahead of the sender, which waits for the fetcher's credit (bounded by
+thread) a few ahead of the sender, which waits for the fetcher's credit (bounded by
 ``timeouts.send``). At most ``max_per_peer`` streams per peer and ``max_streams`` in all;
 more are refused ``overloaded`` (the fetcher retries).
 
@@ -95,6 +95,10 @@ class WeightServerStatistics:
     abandoned: int
     #: file bytes sent
     bytes_sent: int
+
+
+#: Chunks read ahead of the sender (each on a worker thread).
+_READ_AHEAD = 2
 
 
 def _stored_manifest(directory: Path, _home: Path) -> LocalManifest:
@@ -395,7 +399,7 @@ class WeightServer:
         except (_Refuse, StreamStopped, PeerUnreachable, trio.TooSlowError) as exc:
             return exc
         outcome: Exception | None = None
-        chunks_in, chunks_out = trio.open_memory_channel[bytes | _Refuse](1)
+        chunks_in, chunks_out = trio.open_memory_channel[bytes | _Refuse](_READ_AHEAD)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope)
             nursery.start_soon(self._read_all, directory / request.file, request, chunks_in)
