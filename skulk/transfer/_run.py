@@ -202,7 +202,10 @@ class FetchRun:
         if not batches:
             return
         queue = deque(batches)
-        width = min(len(batches), self._policy.streams_per_holder * max(1, len(self._holders)))
+        # Twice the streams: while one batch of a holder is fsynced and recorded, the next
+        # one streams.
+        streams = self._policy.streams_per_holder * max(1, len(self._holders))
+        width = min(len(batches), 2 * streams)
         failures: list[Exception] = []
 
         async def worker(index: int) -> None:
@@ -233,10 +236,9 @@ class FetchRun:
                 if not remaining:
                     return
                 try:
-                    async with self._slot(peer):
-                        await self._from(peer, remaining)
-                except PeerFailure as exc:
-                    self._failed(exc)
+                    await self._from(peer, remaining)
+                except PeerFailure:
+                    pass  # noted (and the holder set aside if for good) by _from
                 if len([p for p in batch if p.key not in self._verified]) < len(remaining):
                     rounds = 0  # progress: the retry budget starts over
             if all(p.key in self._verified for p in batch):
@@ -270,9 +272,11 @@ class FetchRun:
 
     async def _from(self, peer: str, pieces: list[Piece]) -> None:
         """Fetch ``pieces`` (one file, in order) from ``peer``; record what verified, whatever
-        happens. Raises :class:`PeerFailure`, :class:`DiskFull`."""
+        happens. Raises :class:`PeerFailure` (noted already), :class:`DiskFull`."""
         if not self._client.linked(peer):
-            raise PeerFailure(peer, "no link to it", lasting=False)
+            failure = PeerFailure(peer, "no link to it", lasting=False)
+            self._failed(failure)
+            raise failure
         try:
             writer = await trio.to_thread.run_sync(BatchWriter, self._store.directory, pieces)
         except OSError as exc:
@@ -286,27 +290,42 @@ class FetchRun:
                 await self._settle(writer)
             return
         try:
-            async with self._client.open_ranges(
-                peer, self._model, self._sha, pieces[0].file, ranges
-            ) as stream:
-                failure = await self._pump(stream, writer)
-                if failure is None and not writer.complete:
-                    failure = PeerFailure(peer, "its stream ended before every byte", lasting=True)
-            match failure:
-                case None:
-                    pass
-                case CorruptPiece():
-                    self._client.pieces_corrupt += 1
-                    why = f"sent bytes that fail their hash: {failure}"
-                    raise PeerFailure(peer, why, lasting=True)
-                case TooMuchData():
-                    raise PeerFailure(peer, f"sent too much: {failure}", lasting=True)
-                case OSError():
-                    raise self._disk_error(failure)
-                case _:
-                    raise failure
+            # The holder's slot is held while its bytes come, not while they are settled:
+            # the next batch streams meanwhile. A failure is noted before the slot is given
+            # up, so no other batch asks a holder that just failed for good.
+            async with self._slot(peer):
+                if peer in self._lasting:  # it failed for good while this batch waited
+                    raise PeerFailure(peer, self._errors.get(peer, ""), lasting=True)
+                try:
+                    await self._stream(peer, pieces, ranges, writer)
+                except PeerFailure as exc:
+                    self._failed(exc)
+                    raise
         finally:
             await self._settle(writer)
+
+    async def _stream(
+        self, peer: str, pieces: list[Piece], ranges: list[ByteRange], writer: BatchWriter
+    ) -> None:
+        async with self._client.open_ranges(
+            peer, self._model, self._sha, pieces[0].file, ranges
+        ) as stream:
+            failure = await self._pump(stream, writer)
+            if failure is None and not writer.complete:
+                failure = PeerFailure(peer, "its stream ended before every byte", lasting=True)
+        match failure:
+            case None:
+                pass
+            case CorruptPiece():
+                self._client.pieces_corrupt += 1
+                why = f"sent bytes that fail their hash: {failure}"
+                raise PeerFailure(peer, why, lasting=True)
+            case TooMuchData():
+                raise PeerFailure(peer, f"sent too much: {failure}", lasting=True)
+            case OSError():
+                raise self._disk_error(failure)
+            case _:
+                raise failure
 
     async def _pump(self, stream: RangeStream, writer: BatchWriter) -> Exception | None:
         """Receive into ``writer``: chunks are received (and decoded) on the Trio thread while
