@@ -104,6 +104,7 @@ async def test_a_whole_model_goes_from_one_store_to_another_and_is_held_there(
         assert_identical(stored.directory, manifest)
         assert s["node-c"].lookup("org/gen") == stored
         assert c.client.bytes_received == b.server.bytes_sent == total
+        assert nodes["node-a"].server.statistics().refused >= 1  # not_holder: nothing in store
         # progress: monotone to the total, with per-file figures within each file's size
         dones = [d for d, *_ in seen]
         assert (
@@ -260,3 +261,38 @@ async def test_a_corrupt_and_an_unreachable_holder_among_several(
         assert_identical(stored.directory, manifest)
         assert s["node-c"].verify(manifest.sha256).ok  # no corrupt byte was stored
         assert a.server.bytes_sent > 0
+
+
+async def test_a_whole_model_fetch_cut_midway_resumes_where_it_stopped(
+    tmp_path: Path, model: Path, manifest: LocalManifest, card: ModelCard
+) -> None:
+    s = stores(tmp_path, "node-a", "node-c")
+    await trio.to_thread.run_sync(s["node-a"].import_directory, model, "org/gen")
+    total = sum(f.size for f in manifest.manifest.files)
+    largest = max(p.size for p in wanted(manifest, SINGLE))
+    async with cluster(
+        tmp_path, {"org/gen": card}, servers={"node-a": serving_from(s["node-a"])}
+    ) as nodes:
+        c = nodes["node-c"]
+        with trio.CancelScope() as scope:
+
+            def cut(done: int, of: int, *_: object) -> None:
+                if done > of // 2:
+                    scope.cancel()  # the node stops mid-fetch
+
+            await fetch_whole(c.client, card, c.home, s["node-c"], progress=cut, policy=POLICY)
+        assert scope.cancelled_caught and s["node-c"].lookup(manifest.sha256) is None
+        first = c.client.bytes_received
+        assert 0 < first < total
+        # A restart: the store opened again, a new fetch picks up the staging's record.
+        again = ModelStore(s["node-c"].root, reserve_bytes=0)
+        seen: list[int] = []
+        with trio.fail_after(WITHIN):
+            stored = await fetch_whole(
+                c.client, card, c.home, again, progress=lambda d, *_: seen.append(d), policy=POLICY
+            )
+        second = c.client.bytes_received - first
+        assert seen[0] >= first - largest  # it started from what was recorded
+        assert second < total and first + second <= total + largest
+        assert_identical(stored.directory, manifest)
+        assert again.verify(manifest.sha256).ok
