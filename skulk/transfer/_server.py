@@ -2,12 +2,13 @@
 
 :meth:`WeightServer.handle_rpc` answers ``transfer.manifest`` and ``transfer.ranges`` from the
 calling peer (:func:`~skulk.federation.rpc_peer`). It serves a model only if the card in this
-node's State lists this node among its holders, the card has a manifest, the request names
-that manifest, and the files here still hash to it; only files the manifest names; only
-ranges inside the file. A model whose manifest hash the node's model store holds
-(:class:`~skulk.store.ModelStore`) is served from the store's directory, whatever the card's
-source (and even before the State lists this node: the store vouches for complete, verified
-files); other models only from a card's local path (:class:`~skulk.wire.cluster.PathSource`).
+node's State has a manifest and the request names that manifest, and then either the node's
+model store (:class:`~skulk.store.ModelStore`) holds that manifest hash (served from the
+store's directory, whatever the card's source, even before the State lists this node: the
+store vouches for complete, verified files; the store's manifest is read, never recomputed),
+or the card lists this node among its holders, has a local path
+(:class:`~skulk.wire.cluster.PathSource`), and the files there still hash to the manifest;
+only files the manifest names; only ranges inside the file.
 Everything else is a typed refusal (rpc error reasons, listed in
 :mod:`skulk.wire.transfer`). An accepted range request is streamed back on a data stream
 from :meth:`run`'s nursery: a reader task reads chunks on a worker thread (never on the Trio
