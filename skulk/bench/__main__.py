@@ -9,7 +9,9 @@
 ``python -m skulk.bench load [--json] [--model demo|large] [--levels 1,8,16] [--rounds N]
 [--max-tokens N]
 [--modes throughput,prefix,speculative] [--chat-chars N] [--home DIR]`` and ``python -m
-skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]``."""
+skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
+``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
+[--batch-mib N]``."""
 
 from __future__ import annotations
 
@@ -108,7 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("--max-tokens", type=int, default=256)
     spec.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     spec.add_argument("--speculative-tokens", type=int, default=None, help="most drafted per step")
+    transfer = sub.add_parser("transfer", help="peer weight fetch vs a local file copy")
+    transfer.add_argument("--json", action="store_true", help="print only the JSON result")
+    transfer.add_argument("--mib", type=int, default=256, help="MiB to fetch (default 256)")
+    transfer.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    transfer.add_argument("--chunk-kib", type=int, default=None, help="holder's chunk size")
+    transfer.add_argument("--streams", type=int, default=None, help="streams per holder")
+    transfer.add_argument("--batch-mib", type=int, default=None, help="MiB per range request")
     args = parser.parse_args(argv)
+    if args.bench == "transfer":
+        from skulk.bench._transfer import main as run_transfer
+
+        return run_transfer(args)
     if args.bench == "spec":
         return _spec(args)
     if args.bench == "load":

@@ -1,14 +1,14 @@
 """Fetching weights from a peer vs copying the same bytes locally (``python -m skulk.bench
-distributed`` calls :func:`run`).
+transfer``; ``python -m skulk.bench distributed`` calls :func:`run` too).
 
 A holder node and a fetching node, each a :class:`~skulk.federation.Mesh` over one loopback
 link; the holder runs in a subprocess of its own (``python -m skulk.bench._transfer``), as it
 would on another machine, so the two ends do not share one Python thread. The model is one
 safetensors file of ``mib`` MiB in 64 tensors (random bytes) plus a ``config.json``; each
 round fetches every tensor into a fresh data dir (:func:`~skulk.transfer.fetch_model`: rpc,
-credit-controlled 256 KiB chunks, sha256 of every tensor, fsync, the record), and copies the
-same file with ``shutil.copyfile`` (and once more followed by an fsync, which the fetch does
-too). Rounds are interleaved; medians are reported, with the ratios fetch ÷ copy.
+credit-controlled chunks (1 MiB by default), sha256 of every tensor, fsync, the record), and
+copies the same file with ``shutil.copyfile`` (and once more followed by an fsync, which the
+fetch does too). Rounds are interleaved; medians are reported, with the ratios fetch ÷ copy.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ import trio
 
 from skulk.federation import ClusterSecret, DataReceiver, Mesh, RpcFailed
 from skulk.models import ShardSlice, card_from_directory, local_manifest
-from skulk.transfer import CHUNK_SIZE, TRANSFER_METHODS, WeightClient, WeightServer, fetch_model
+from skulk.transfer import (
+    CHUNK_SIZE,
+    TRANSFER_METHODS,
+    FetchPolicy,
+    WeightClient,
+    WeightServer,
+    fetch_model,
+)
 from skulk.wire.cluster import ModelCard, PathSource
 
 _SECRET = ClusterSecret(bytes(range(32)))
@@ -93,7 +100,13 @@ async def _holder(directory: Path, home: Path, port_file: Path, chunk: int) -> N
 
 
 async def _fetch_rounds(
-    url: str, card: ModelCard, source: Path, homes: list[Path], copy: Path, fsync_copy: Path
+    url: str,
+    card: ModelCard,
+    source: Path,
+    homes: list[Path],
+    copy: Path,
+    fsync_copy: Path,
+    policy: FetchPolicy,
 ) -> list[tuple[float, float, float]]:
     client: WeightClient | None = None
 
@@ -114,7 +127,7 @@ async def _fetch_rounds(
         for home in homes:
             copied, copied_fsync = await trio.to_thread.run_sync(_copies, source, copy, fsync_copy)
             start = time.perf_counter()
-            await fetch_model(client, remote, shard, home)
+            await fetch_model(client, remote, shard, home, policy=policy)
             fetched = time.perf_counter() - start
             results.append((fetched, copied, copied_fsync))
             await trio.to_thread.run_sync(_clean, home, copy, fsync_copy)
@@ -140,7 +153,12 @@ def _clean(home: Path, *files: Path) -> None:
         f.unlink()
 
 
-def run(mib: int = 256, rounds: int = 3, chunk_kib: int = CHUNK_SIZE // 1024) -> dict[str, object]:
+def run(
+    mib: int = 256,
+    rounds: int = 3,
+    chunk_kib: int = CHUNK_SIZE // 1024,
+    policy: FetchPolicy = FetchPolicy(),  # noqa: B008 - frozen
+) -> dict[str, object]:
     """Fetch ``mib`` MiB of tensors over one loopback link vs ``shutil.copyfile`` of the same
     bytes, ``rounds`` interleaved rounds; medians and ratios (``fetch_vs_copy`` is fetch MB/s
     ÷ copy MB/s: 1.0 would be as fast as a local copy). ``chunk_kib``: the holder's chunk size."""
@@ -177,6 +195,7 @@ def run(mib: int = 256, rounds: int = 3, chunk_kib: int = CHUNK_SIZE // 1024) ->
                 homes,
                 root / "copy",
                 root / "copy-fsync",
+                policy,
             )
         finally:
             holder.terminate()
@@ -188,6 +207,8 @@ def run(mib: int = 256, rounds: int = 3, chunk_kib: int = CHUNK_SIZE // 1024) ->
     return {
         "bytes": size,
         "chunk_bytes": chunk_kib * 1024,
+        "streams_per_holder": policy.streams_per_holder,
+        "batch_bytes": policy.batch_bytes,
         "rounds": rounds,
         "fetch_mb_s": round(fetch, 1),
         "copy_mb_s": round(copy, 1),
@@ -197,6 +218,20 @@ def run(mib: int = 256, rounds: int = 3, chunk_kib: int = CHUNK_SIZE // 1024) ->
         "fetch_s": [round(r[0], 3) for r in results],
         "copy_s": [round(r[1], 3) for r in results],
     }
+
+
+def main(args: argparse.Namespace) -> int:
+    """``python -m skulk.bench transfer``: :func:`run` with the command line's settings."""
+    defaults = FetchPolicy()
+    policy = attrs.evolve(
+        defaults,
+        streams_per_holder=args.streams or defaults.streams_per_holder,
+        batch_bytes=(args.batch_mib << 20) if args.batch_mib else defaults.batch_bytes,
+    )
+    chunk_kib = args.chunk_kib or CHUNK_SIZE // 1024
+    result = run(args.mib, args.rounds, chunk_kib, policy)
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
 
 
 def _main(argv: list[str] | None = None) -> int:

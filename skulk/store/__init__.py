@@ -17,6 +17,8 @@ of one, and opening the store repairs the rest (:class:`ModelStore`).
 
 * :meth:`ModelStore.import_directory` imports a local model directory by content;
 * :meth:`ModelStore.add_verified_file` then :meth:`ModelStore.commit` store a download;
+* :meth:`ModelStore.adopt_verified` stores a model verified in staging by hard links (a peer
+  fetch: :func:`skulk.transfer.fetch_whole`);
 * :meth:`ModelStore.lookup`, :meth:`ModelStore.models`, :meth:`ModelStore.touch` read and use;
 * :meth:`ModelStore.remove` (refused in use), :meth:`ModelStore.ensure_room` (LRU eviction
   within the budget and the disk), :meth:`ModelStore.prune` (loose blobs) free space;

@@ -252,6 +252,19 @@ class ModelStore:
         self.discard_staging(key)
         return model
 
+    def adopt_verified(
+        self, directory: Path, manifest_body: bytes, names: Collection[str]
+    ) -> StoredModel:
+        """Store the model whose files in ``directory`` (on the store's file system, e.g. a
+        :meth:`staging` directory) the caller verified against ``manifest_body`` (canonical
+        manifest bytes): nothing is hashed or copied here, each file is hard-linked in as its
+        blob (read-only from now on; copied where links are refused), then the model is
+        committed under ``names``. ``directory`` stays: discard it once done with it."""
+        manifest = decode_manifest(manifest_body)
+        for f in manifest.files:
+            self._add_blob(directory / f.name, f.sha256.hex(), keep=True)
+        return self.commit(manifest_body, names)
+
     def lookup(self, name_or_hash: str) -> StoredModel | None:
         with self._lock:
             entry = find(self._index, name_or_hash)

@@ -25,11 +25,12 @@ RANGES_METHOD = "transfer.ranges"
 bytes follow on a data stream)."""
 TRANSFER_METHODS = (MANIFEST_METHOD, RANGES_METHOD)
 
-#: Bytes of file data per stream chunk (a link frame carries it with a few bytes of framing).
-#: Small enough that a fetch does not hold other data streams on the link (token streams)
-#: behind many megabytes, large enough that per-chunk costs stay small: 256 KiB and 1 MiB
-#: chunks measured the same throughput on loopback (``python -m skulk.bench._transfer``).
-CHUNK_SIZE = 256 * 1024
+#: Bytes of file data per stream chunk (a link frame carries it with a few bytes of framing;
+#: the link's frames are at most 4 MiB). Per-chunk costs (a worker-thread hop to read it, a
+#: WebSocket message each way, a hop to hash and write it) dominate small chunks: on loopback
+#: 1 MiB chunks fetched at ~1.8x the rate of 256 KiB ones (``python -m skulk.bench
+#: transfer``). A token stream on the same link waits behind at most a few chunks in flight.
+CHUNK_SIZE = 1024 * 1024
 #: Bytes of manifest per ``ManifestPart``.
 MANIFEST_PART_SIZE = 1024 * 1024
 #: The most ranges one request may name.

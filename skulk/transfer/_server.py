@@ -2,12 +2,17 @@
 
 :meth:`WeightServer.handle_rpc` answers ``transfer.manifest`` and ``transfer.ranges`` from the
 calling peer (:func:`~skulk.federation.rpc_peer`). It serves a model only if the card in this
-node's State lists this node among its holders, the card has a manifest, the request names
-that manifest, and the files here still hash to it; only files the manifest names; only
-ranges inside the file. Everything else is a typed refusal (rpc error reasons, listed in
+node's State has a manifest and the request names that manifest, and then either the node's
+model store (:class:`~skulk.store.ModelStore`) holds that manifest hash (served from the
+store's directory, whatever the card's source, even before the State lists this node: the
+store vouches for complete, verified files; the store's manifest is read, never recomputed),
+or the card lists this node among its holders, has a local path
+(:class:`~skulk.wire.cluster.PathSource`), and the files there still hash to the manifest;
+only files the manifest names; only ranges inside the file.
+Everything else is a typed refusal (rpc error reasons, listed in
 :mod:`skulk.wire.transfer`). An accepted range request is streamed back on a data stream
 from :meth:`run`'s nursery: a reader task reads chunks on a worker thread (never on the Trio
-thread) one ahead of the sender, which waits for the fetcher's credit (bounded by
+thread) a few ahead of the sender, which waits for the fetcher's credit (bounded by
 ``timeouts.send``). At most ``max_per_peer`` streams per peer and ``max_streams`` in all;
 more are refused ``overloaded`` (the fetcher retries).
 
@@ -39,7 +44,16 @@ from skulk.federation import (
     StreamStopped,
     rpc_peer,
 )
-from skulk.models import FileStamp, LocalManifest, ManifestInvalid, local_manifest, stamps_of
+from skulk.models import (
+    FileStamp,
+    LocalManifest,
+    ManifestInvalid,
+    decode_manifest,
+    local_manifest,
+    manifest_sha256,
+    stamps_of,
+)
+from skulk.store import MANIFEST_NAME, ModelStore
 from skulk.wire import WireError
 from skulk.wire.cluster import ModelCard, PathSource
 from skulk.wire.transfer import (
@@ -84,6 +98,19 @@ class WeightServerStatistics:
     bytes_sent: int
 
 
+#: Chunks read ahead of the sender (each on a worker thread).
+_READ_AHEAD = 2
+
+
+def _stored_manifest(directory: Path, _home: Path) -> LocalManifest:
+    """A store model directory's manifest, as the store kept it (its files were verified when
+    they went in: nothing is hashed here), with the files' stamps now."""
+    body = (directory / MANIFEST_NAME).read_bytes()
+    manifest = decode_manifest(body)
+    stamps = stamps_of(directory, [f.name for f in manifest.files])
+    return LocalManifest(manifest, body, manifest_sha256(body), stamps)
+
+
 class _Refuse(Exception):
     """A stream cannot go on: sent as ``TransferFailed(reason, message)``."""
 
@@ -97,7 +124,8 @@ class WeightServer:
     """Serves the weights of the models this node holds (see the module doc).
 
     ``models(model_id)`` is the model's card in this node's State (``None``: unknown).
-    ``home`` is the data dir (where manifests are cached). Wiring: :meth:`run` in the node's
+    ``home`` is the data dir (where manifests are cached); ``store`` the node's model store
+    (models it holds are served from it). Wiring: :meth:`run` in the node's
     nursery; :meth:`handle_rpc` answers the two :data:`TRANSFER_METHODS` in the mesh's rpc
     handler. ``prepare_wait`` bounds how long a request waits for a manifest being computed
     before it is refused ``preparing`` (default: half ``timeouts.call``).
@@ -117,12 +145,14 @@ class WeightServer:
         timeouts: TransferTimeouts = TransferTimeouts(),  # noqa: B008 - frozen
         prepare_wait: float | None = None,
         read_threads: int = 4,
+        store: ModelStore | None = None,
     ) -> None:
         if min(max_per_peer, max_streams, chunk_size, read_threads) < 1:
             raise ValueError("max_per_peer, max_streams, chunk_size, read_threads must be >= 1")
         self._mesh = mesh
         self._models = models
         self._home = home
+        self._store = store
         self._max_per_peer = max_per_peer
         self._max_streams = max_streams
         self._chunk = chunk_size
@@ -243,16 +273,21 @@ class WeightServer:
         card = self._models(model)
         if card is None:
             raise RpcFailed("unknown_model", f"no model {model[:128]!r} in this node's State")
-        if self._mesh.node_id not in card.holders:
-            raise RpcFailed("not_holder", f"node {self._mesh.node_id} does not hold {model}")
-        source = card.source
-        if card.manifest_sha256 is None or not isinstance(source, PathSource):
+        if card.manifest_sha256 is None:
             raise RpcFailed("no_manifest", f"model {model} has no manifest to fetch it by")
         if sha != card.manifest_sha256:
             raise RpcFailed(
                 "manifest_mismatch",
                 f"model {model}'s card here names manifest {card.manifest_sha256[:16]}…",
             )
+        stored = await self._stored(sha)
+        if stored is not None:
+            return stored, await self._manifest_of(stored, from_store=True)
+        if self._mesh.node_id not in card.holders:
+            raise RpcFailed("not_holder", f"node {self._mesh.node_id} does not hold {model}")
+        source = card.source
+        if not isinstance(source, PathSource):
+            raise RpcFailed("not_holder", f"node {self._mesh.node_id} does not hold {model}")
         directory = Path(source.path)
         local = await self._manifest_of(directory)
         if local.sha256 != sha:
@@ -263,7 +298,15 @@ class WeightServer:
             )
         return directory, local
 
-    async def _manifest_of(self, directory: Path) -> LocalManifest:
+    async def _stored(self, sha: str) -> Path | None:
+        """The store's directory of the model with manifest ``sha``, if the store holds it."""
+        store = self._store
+        if store is None:
+            return None
+        stored = await trio.to_thread.run_sync(store.lookup, sha, limiter=self._limiter)
+        return None if stored is None else stored.directory
+
+    async def _manifest_of(self, directory: Path, *, from_store: bool = False) -> LocalManifest:
         known = self._manifests.get(directory)
         if known is not None:
             return known
@@ -274,7 +317,7 @@ class WeightServer:
         if event is None:
             event = self._preparing[directory] = trio.Event()
             self._prepare_errors.pop(directory, None)
-            nursery.start_soon(self._prepare, directory, event)
+            nursery.start_soon(self._prepare, directory, event, from_store)
         with trio.move_on_after(self._prepare_wait):
             await event.wait()
         known = self._manifests.get(directory)
@@ -284,10 +327,11 @@ class WeightServer:
             raise RpcFailed("not_holder", f"this node cannot read the model's files: {error}")
         raise RpcFailed("preparing", "hashing the model's files; ask again later")
 
-    async def _prepare(self, directory: Path, event: trio.Event) -> None:
+    async def _prepare(self, directory: Path, event: trio.Event, from_store: bool) -> None:
+        describe = _stored_manifest if from_store else local_manifest
         try:
             local = await trio.to_thread.run_sync(
-                local_manifest, directory, self._home, limiter=self._limiter
+                describe, directory, self._home, limiter=self._limiter
             )
             self._manifests[directory] = local
         except (OSError, ManifestInvalid) as exc:
@@ -356,7 +400,7 @@ class WeightServer:
         except (_Refuse, StreamStopped, PeerUnreachable, trio.TooSlowError) as exc:
             return exc
         outcome: Exception | None = None
-        chunks_in, chunks_out = trio.open_memory_channel[bytes | _Refuse](1)
+        chunks_in, chunks_out = trio.open_memory_channel[bytes | _Refuse](_READ_AHEAD)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope)
             nursery.start_soon(self._read_all, directory / request.file, request, chunks_in)

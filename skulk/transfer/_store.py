@@ -198,6 +198,16 @@ class BatchWriter:
         self._offset = 0  # into the current piece
         self._hasher = hashlib.sha256()
         self.verified: list[Piece] = []
+        self.verified_bytes = 0
+
+    @property
+    def file(self) -> str:
+        return self._pieces[0].file
+
+    @property
+    def landed(self) -> int:
+        """Bytes written so far: the pieces verified and the one in progress."""
+        return self.verified_bytes + self._offset
 
     @property
     def complete(self) -> bool:
@@ -207,6 +217,11 @@ class BatchWriter:
     def partial(self) -> int:
         """Bytes received of the piece in progress."""
         return self._offset
+
+    def feed_all(self, chunks: Iterable[bytes | memoryview]) -> None:
+        """:meth:`feed` each of ``chunks`` in turn (one worker-thread hop for several)."""
+        for data in chunks:
+            self.feed(data)
 
     def feed(self, data: bytes | memoryview) -> list[Piece]:
         """Write and hash ``data``; the pieces it completed (and verified). Raises
@@ -241,6 +256,7 @@ class BatchWriter:
         self._offset = 0
         self._hasher = hashlib.sha256()
         self.verified.append(piece)
+        self.verified_bytes += piece.size
         return piece
 
     def sync(self) -> None:
