@@ -9,7 +9,8 @@
 ``python -m skulk.bench load [--json] [--model demo|large] [--levels 1,8,16] [--rounds N]
 [--max-tokens N]
 [--modes throughput,prefix,speculative] [--chat-chars N] [--home DIR]`` and ``python -m
-skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]``."""
+skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
+``python -m skulk.bench models [--json] [--mib N] [--rounds N] [--fanout] [--no-peer-fetch]``."""
 
 from __future__ import annotations
 
@@ -108,7 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("--max-tokens", type=int, default=256)
     spec.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     spec.add_argument("--speculative-tokens", type=int, default=None, help="most drafted per step")
+    models = sub.add_parser("models", help="Hub download vs hf download; resume; peer fetch")
+    models.add_argument("--json", action="store_true", help="print only the JSON result")
+    models.add_argument("--mib", type=int, default=256, help="size of the generated repo")
+    models.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    models.add_argument("--fanout", action="store_true", help="also fan-out over real nodes")
+    models.add_argument("--no-peer-fetch", action="store_true", help="skip the peer fetch")
     args = parser.parse_args(argv)
+    if args.bench == "models":
+        from skulk.bench._models import main as run_models
+
+        return run_models(args)
     if args.bench == "spec":
         return _spec(args)
     if args.bench == "load":
