@@ -17,11 +17,11 @@ progress comes from its "reconstructing" bar, and ``cancel_check`` is polled onl
 files (not tested here: the local endpoint serves no Xet).
 
 Bytes are written and hashed by a writer thread while the next ones arrive (a resumed part's
-earlier bytes are read once), and a finished part is checked (its size, and the LFS sha256
-or the git blob sha1 of a small file) and fsynced before it is renamed to ``<staging>/<name>``; one that does not match is
-deleted and fetched once more from zero, then :class:`HashMismatch`. A file already in
-staging under its name is rehashed and kept when it matches. Everything is blocking: run
-it in a worker thread.
+earlier bytes are read once), and a finished part is checked (its size, and the LFS sha256 or
+the git blob sha1 of a small file) and fsynced before it is renamed to ``<staging>/<name>``;
+one that does not match is deleted and fetched once more from zero, then :class:`HashMismatch`.
+A file already in staging under its name is rehashed and kept when it matches. Everything is
+blocking: run it in a worker thread.
 """
 
 from __future__ import annotations
