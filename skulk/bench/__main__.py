@@ -11,7 +11,8 @@
 [--modes throughput,prefix,speculative] [--chat-chars N] [--home DIR]`` and ``python -m
 skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
-[--batch-mib N]``."""
+[--batch-mib N]`` and ``python -m skulk.bench models [--json] [--mib N] [--rounds N] [--fanout]
+[--no-peer-fetch]``."""
 
 from __future__ import annotations
 
@@ -117,7 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     transfer.add_argument("--chunk-kib", type=int, default=None, help="holder's chunk size")
     transfer.add_argument("--streams", type=int, default=None, help="streams per holder")
     transfer.add_argument("--batch-mib", type=int, default=None, help="MiB per range request")
+    models = sub.add_parser("models", help="Hub download vs hf download; resume; peer fetch")
+    models.add_argument("--json", action="store_true", help="print only the JSON result")
+    models.add_argument("--mib", type=int, default=256, help="size of the generated repo")
+    models.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    models.add_argument("--fanout", action="store_true", help="also fan-out over real nodes")
+    models.add_argument("--no-peer-fetch", action="store_true", help="skip the peer fetch")
     args = parser.parse_args(argv)
+    if args.bench == "models":
+        from skulk.bench._models import main as run_models
+
+        return run_models(args)
     if args.bench == "transfer":
         from skulk.bench._transfer import main as run_transfer
 

@@ -16,18 +16,19 @@ installed), ``xet_get`` fetches it instead: its resume is hf_xet's chunk cache, 
 progress comes from its "reconstructing" bar, and ``cancel_check`` is polled only between
 files (not tested here: the local endpoint serves no Xet).
 
-Bytes are hashed as they are written (a resumed part's earlier bytes are read once), and a
-finished part is checked (its size, and the LFS sha256 or the git blob sha1 of a small file)
-and fsynced before it is renamed to ``<staging>/<name>``; one that does not match is
-deleted and fetched once more from zero, then :class:`HashMismatch`. A file already in
-staging under its name is rehashed and kept when it matches. Everything is blocking: run
-it in a worker thread.
+Bytes are written and hashed by a writer thread while the next ones arrive (a resumed part's
+earlier bytes are read once), and a finished part is checked (its size, and the LFS sha256 or
+the git blob sha1 of a small file) and fsynced before it is renamed to ``<staging>/<name>``;
+one that does not match is deleted and fetched once more from zero, then :class:`HashMismatch`.
+A file already in staging under its name is rehashed and kept when it matches. Everything is
+blocking: run it in a worker thread.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,8 @@ from skulk.hub._tqdm import SilentTqdm, forwarding_tqdm
 #: The read buffer of a body (what a broken stream can lose, so what a cut re-sends).
 CHUNK_BYTES = 512 * 1024
 _HASH_BLOCK = 8 * 1024 * 1024
+#: Chunks received and not yet written (each at most :data:`CHUNK_BYTES`).
+_WRITE_QUEUE = 8
 
 
 def download(
@@ -176,22 +179,28 @@ def _fetch(
         hashes.update_from(part, have)
         if have < file.size:
             sink = _Sink(f, part, hashes, meter, cancel_check, plan.ref.repo)
-            http_get(
-                location,
-                cast(BinaryIO, sink),
-                resume_size=have,
-                headers=headers,
-                tqdm_class=SilentTqdm,
-            )
+            try:
+                http_get(
+                    location,
+                    cast(BinaryIO, sink),
+                    resume_size=have,
+                    headers=headers,
+                    tqdm_class=SilentTqdm,
+                )
+            finally:
+                sink.close()
         f.flush()
         os.fsync(f.fileno())
     return hashes.result()
 
 
 class _Sink:
-    """The file object ``http_get`` writes to (``f``, open on ``path`` for appending):
-    hashes and counts the bytes, and polls the cancel check after each write (the bytes
-    written stay, for a resume)."""
+    """The file object ``http_get`` writes to (``f``, open on ``path`` for appending): counts
+    the bytes and polls the cancel check after each write; a writer thread writes and hashes
+    them, so the disk and the hash work while the next bytes arrive (at most
+    :data:`_WRITE_QUEUE` chunks wait). Whatever was handed over before a cancellation or an
+    error is written (it stays, for a resume); :meth:`close` waits for the writer and raises
+    its error, if any."""
 
     def __init__(
         self,
@@ -208,24 +217,56 @@ class _Sink:
         self._meter = meter
         self._cancel_check = cancel_check
         self._repo = repo
+        self._queue: queue.Queue[bytes | None] = queue.Queue(_WRITE_QUEUE)
+        self._error: BaseException | None = None
+        self._writer = threading.Thread(target=self._write_all, name="hub-writer", daemon=True)
+        self._writer.start()
+
+    def _write_all(self) -> None:
+        while (data := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._f.write(data)
+                    self._hashes.update(data)
+                except BaseException as exc:  # handed to the downloading thread
+                    self._error = exc
+            self._queue.task_done()
+        self._queue.task_done()
+
+    def _drain(self) -> None:
+        """Wait until every handed-over byte is written; raise the writer's error."""
+        self._queue.join()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Stop the writer once it has written everything; raise its error, if any."""
+        self._queue.put(None)
+        self._writer.join()
+        if self._error is not None:
+            raise self._error
 
     def write(self, data: bytes) -> int:
-        n = self._f.write(data)
-        self._hashes.update(data)
+        if self._error is not None:
+            raise self._error
+        self._queue.put(bytes(data))
         self._meter.add(len(data))
         if self._cancel_check is not None and self._cancel_check():
-            self._f.flush()
+            self._drain()
             raise DownloadCancelled(self._repo)
-        return n
+        return len(data)
 
     def tell(self) -> int:
+        self._drain()
         return self._f.tell()
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._drain()
         return self._f.seek(offset, whence)
 
     def truncate(self, size: int | None = None) -> int:
         """(``http_get`` truncates when a server ignored its ``Range`` and sends from 0.)"""
+        self._drain()
         n = self._f.truncate(size)
         self._f.flush()
         kept = self._f.tell() if size is None else size
