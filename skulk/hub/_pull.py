@@ -52,10 +52,11 @@ def pull(
     cancel_check: Callable[[], bool] | None = None,
 ) -> StoredModel:
     """The stored model ``ref`` names, pulled into ``store`` when it is not there yet (see the
-    module doc). ``in_use``: the manifest hashes eviction must spare. ``cancel_check``: polled as bytes
-    arrive; when it answers true the download stops with :class:`~skulk.hub.DownloadCancelled`
-    (what arrived stays in staging, for the next pull to resume). Raises
-    :class:`~skulk.hub.HubError` subclasses and :class:`~skulk.store.StoreFull`."""
+    module doc). ``in_use``: the manifest hashes eviction must spare. ``cancel_check``: polled
+    as bytes arrive; when it answers true the download stops with
+    :class:`~skulk.hub.DownloadCancelled` (what arrived stays in staging, for the next pull to
+    resume). Raises :class:`~skulk.hub.HubError` subclasses and
+    :class:`~skulk.store.StoreFull`."""
     if isinstance(ref, str):
         ref = parse_hub_ref(ref)
     plan = check(ref, token, offline=offline, policy=policy)
