@@ -80,13 +80,13 @@ class NodeProcess:
         return "\n".join(self.output)
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=30, **kw)
+        return httpx.get(self.url + path, **{"timeout": 30, **kw})
 
     def post(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=60, **kw)
+        return httpx.post(self.url + path, **{"timeout": 60, **kw})
 
     def delete(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.delete(self.url + path, timeout=60, **kw)
+        return httpx.delete(self.url + path, **{"timeout": 60, **kw})
 
     def wait_ready(self, deadline: float = START_DEADLINE) -> None:
         self.wait_for(lambda: self.get("/health").status_code == 200, deadline, "ready")

@@ -113,7 +113,7 @@ def test_a_pull_through_c_downloads_each_file_once_and_every_node_holds_it(
     # Every node's store has it, under its name; the cluster view lists every holder.
     for node in cluster:
         store = node.get("/v1/store").json()
-        assert any(card["manifest_sha256"] == m["sha256"] for m in store["store"]["models"])
+        assert any(card["manifest_sha256"] == m["sha256"] for m in store["store"]["stored"])
     # A second pull moves nothing.
     again = b.post("/v1/pulls", json={"model": REPO, "stream": False}, timeout=60)
     assert again.status_code == 200, again.text
@@ -169,7 +169,8 @@ def test_a_model_no_node_has_room_for_is_disk_full_before_any_byte(
 ) -> None:
     home = tmp_path / "small"
     env = node_env(hub, home)
-    with NodeProcess(home, "--model", "none", "--store-budget", "64K", env=env) as node:
+    node = NodeProcess(home, "--model", "none", "--store-budget", "64K", env=env)
+    try:
         node.start(wait_ready=False)
         node.wait_for(lambda: up_with_stores(node, 1), 60, "the node up with its store")
         before = {k: hub.served_bytes(GONE, k) for k in ("model.safetensors",)}
@@ -177,6 +178,8 @@ def test_a_model_no_node_has_room_for_is_disk_full_before_any_byte(
         assert reply.status_code == 507, reply.text
         assert reply.json()["error"]["code"] == "disk_full"
         assert {k: hub.served_bytes(GONE, k) for k in before} == before  # no weight byte
+    finally:
+        node.stop()
 
 
 def test_the_hub_gone_mid_download_fails_typed_and_the_download_is_re_placed(
