@@ -2,8 +2,8 @@
 (``install_*(app, ...)``): the client formats (OpenAI Chat Completions, Completions and
 Responses; Anthropic Messages; Ollama; embeddings; the WebSocket), each through the router to
 any model of the cluster; the node's health and diagnostics; the mesh and cluster routes; the
-OpenAPI document; ``/metrics`` (Prometheus); the dashboard at ``/``
-(:mod:`skulk.api._dashboard`).
+model routes (pulls, downloads, the model store); the OpenAPI document; ``/metrics``
+(Prometheus); the dashboard at ``/`` (:mod:`skulk.api._dashboard`).
 
 Every request runs under :class:`~skulk.api._guard.RequestGuard` (whole body first, one log
 line, owned cleanup) and every error is the JSON envelope (:mod:`skulk.api._http_errors`).
@@ -26,6 +26,7 @@ from skulk.api._guard import RequestGuard
 from skulk.api._http_errors import install_error_handlers
 from skulk.api._json_body import MAX_BODY
 from skulk.api._metrics import install_metrics_route
+from skulk.api._model_routes import install_model_routes
 from skulk.api._node_routes import LocalServices, install_mesh_routes, install_node_routes
 from skulk.api._ollama_routes import install_ollama_routes
 from skulk.api._openai_routes import install_openai_routes
@@ -38,6 +39,7 @@ from skulk.control import ClusterControl
 from skulk.diagnostics import ClusterTimeline
 from skulk.federation import Mesh
 from skulk.routing import Router
+from skulk.store import ModelStore
 from skulk.telemetry import TelemetryGossip
 
 #: How long a request body may take to arrive (408 after).
@@ -54,11 +56,14 @@ def create_app(
     consensus: ConsensusService[State] | None = None,
     timeline: ClusterTimeline | None = None,
     api_keys: Sequence[str] = (),
+    store: ModelStore | None = None,
 ) -> QuartTrio:
     """The HTTP API of a node: requests for any model go through ``router``; ``local`` are
-    the instances this node runs (health, diagnostics); ``control`` adds the cluster routes;
-    ``timeline`` adds ``GET /v1/diagnostics/cluster/timeline``; ``api_keys``, when given, are
-    required on every route but ``/health`` (:mod:`skulk.api._auth`)."""
+    the instances this node runs (health, diagnostics); ``control`` adds the cluster routes
+    and the model routes (pulls, downloads, stores); ``store`` is this node's model store
+    (what ``GET /v1/store`` shows and ``DELETE /v1/store/{model}`` removes from); ``timeline``
+    adds ``GET /v1/diagnostics/cluster/timeline``; ``api_keys``, when given, are required on
+    every route but ``/health`` (:mod:`skulk.api._auth`)."""
     app = QuartTrio("skulk", static_folder=None)  # no /static route: every path is ours
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
@@ -77,6 +82,7 @@ def create_app(
             else None
         )
         install_cluster_routes(app, control, read_body, readings)
+        install_model_routes(app, control, read_body, store=store, readings=readings)
     if timeline is not None:
         install_timeline_route(app, timeline)
         install_request_route(app, timeline)  # GET /v1/requests/{id}: one request, every node

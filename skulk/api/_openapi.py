@@ -50,6 +50,8 @@ from skulk.api._openapi_answers import (
     list_of,
     shape,
 )
+from skulk.api._openapi_models import REASONS, model_paths, pull_bodies
+from skulk.api._pull_format import OLLAMA_PULL_FIELDS, PULL_FIELDS
 from skulk.api._schema import Schema, obj, ref
 from skulk.models import DEMO_MODEL_ID
 
@@ -95,6 +97,7 @@ def request_bodies() -> dict[str, tuple[dict[str, Schema], tuple[str, ...]]]:
         "/api/embed": (dict(_embeddings.OLLAMA_FIELDS), ("model", "input")),
         "/api/embeddings": (dict(_embeddings.OLLAMA_LEGACY_FIELDS), ("model", "prompt")),
         "/v1/placements": (dict(_PLACEMENT_FIELDS), ("model",)),
+        **pull_bodies(PULL_FIELDS, OLLAMA_PULL_FIELDS),
     }
 
 
@@ -114,6 +117,7 @@ _REASONS = {
     502: "The node serving the request was lost.",
     503: "Nothing can serve it now (model not ready, no quorum, ...).",
     504: "A runner deadline ended the request.",
+    **REASONS,
 }
 _BODY_ERRORS = (400, 408, 413, 415)
 _SERVING_ERRORS = (404, 429, 500, 502, 503, 504)
@@ -187,6 +191,7 @@ _CROSS_FIELD: dict[str, list[Schema]] = {
     "/v1/responses": [STREAM_OPTIONS_NEED_STREAM],
     "/api/generate": [_ollama_parse.RAW_HAS_NO_SYSTEM],
     "/api/show": [_ollama_parse.SHOW_NEEDS_A_MODEL],
+    "/api/pull": [_ollama_parse.SHOW_NEEDS_A_MODEL],  # model, or the older name
 }
 
 
@@ -363,6 +368,7 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
         }
     if cluster:
         paths.update(_cluster_paths())
+        paths.update(model_paths(_operation, _body, _path_param))
     return paths
 
 
