@@ -236,16 +236,17 @@ async def _ollama_lines(
     first: list[PullStatusView], statuses: Statuses
 ) -> AsyncGenerator[bytes, None]:
     lines = OllamaPullLines()
-    out: list[Line]
     async for status in _then(first, statuses):
         if isinstance(status, ApiError):
             yield _line(render_error("/api/pull", status))
             return
-        out = lines.feed(status)
-        for line in out:
-            yield _line(line)
-    for line in lines.finish():
-        yield _line(line)
+        if chunk := _lines(lines.feed(status)):  # the lines of one status: one write
+            yield chunk
+    yield _lines(lines.finish())
+
+
+def _lines(lines: list[Line]) -> bytes:
+    return b"".join(_line(line) for line in lines)
 
 
 async def _then(

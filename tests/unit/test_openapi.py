@@ -29,6 +29,7 @@ from skulk.api._ollama_parse import parse_chat, parse_generate, parse_options, p
 from skulk.api._openai_parse import parse_chat_completions, parse_completions
 from skulk.api._openapi import openapi_document, request_bodies
 from skulk.api._openapi_answers import NDJSON, SSE
+from skulk.api._pull_format import parse_ollama_pull, parse_pull
 from skulk.api._responses_parse import parse_responses
 from skulk.routing import Admission, Router
 from tests.unit.test_api_edge import FakeNode, FakeService, app_for
@@ -48,6 +49,8 @@ PARSERS: dict[str, Parser] = {
     "/v1/embeddings": parse_openai,
     "/api/embed": parse_ollama,
     "/api/embeddings": parse_ollama_legacy,
+    "/v1/pulls": parse_pull,
+    "/api/pull": parse_ollama_pull,
 }
 
 #: A body each parser accepts, to which one field at a time is added.
@@ -68,6 +71,8 @@ VALID: dict[str, dict[str, object]] = {
     "/v1/embeddings": {"model": "m", "input": "hi"},
     "/api/embed": {"model": "m", "input": "hi"},
     "/api/embeddings": {"model": "m", "prompt": "hi"},
+    "/v1/pulls": {"model": "org/m"},
+    "/api/pull": {"model": "org/m"},
 }
 
 
@@ -109,7 +114,8 @@ def test_every_no_op_value_the_document_offers_is_accepted(path: str) -> None:
     props, _ = request_bodies()[path]
     offered = [(n, v) for n, s in props.items() for v in s.get("enum", ())]  # type: ignore[attr-defined]
     # every other route has no-op or enum fields
-    assert path in ("/api/show", "/api/embed", "/api/embeddings") or offered
+    no_enums = ("/api/show", "/api/embed", "/api/embeddings", "/v1/pulls", "/api/pull")
+    assert path in no_enums or offered
     for name, value in offered:
         assert outcome(PARSERS[path], {**VALID[path], name: value}) is None, (path, name, value)
 
