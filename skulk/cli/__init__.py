@@ -1,4 +1,5 @@
-"""The client commands of ``python -m skulk``: ``place``, ``ps``, ``nodes``, ``rm``, ``top``.
+"""The client commands of ``python -m skulk``: ``place``, ``ps``, ``nodes``, ``rm``, ``top``,
+and the model commands ``pull``, ``models``, ``rm-model``.
 
 They talk to a node's HTTP API (``--api URL``, else ``$SKULK_API``, else the local node at
 ``http://127.0.0.1:52415``) and print tables, or the server's JSON with ``--json``. See
@@ -10,7 +11,7 @@ They talk to a node's HTTP API (``--api URL``, else ``$SKULK_API``, else the loc
     if args.command in CLIENT_COMMANDS:
         sys.exit(run_client_command(args))
 
-The package imports only ``httpx``, ``rich`` (``top`` and ``place --wait``) and the standard
+The package imports only ``httpx``, ``rich`` (``top``, ``place --wait``, ``pull``) and the standard
 library (no Trio, no model code), so the commands start quickly.
 """
 

@@ -7,7 +7,7 @@ import argparse
 from skulk.cli._http import DEFAULT_API
 
 #: The client subcommands, in the order ``--help`` lists them.
-CLIENT_COMMANDS = ("place", "ps", "nodes", "rm", "top")
+CLIENT_COMMANDS = ("place", "ps", "nodes", "rm", "top", "pull", "models", "rm-model")
 SHARDINGS = ("single", "pipeline", "tensor")
 #: ``--timeout`` unless given: one answer's deadline, and ``place --wait``'s whole wait.
 DEFAULT_TIMEOUT = 30.0
@@ -15,8 +15,9 @@ DEFAULT_WAIT_TIMEOUT = 600.0
 
 
 def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``place``, ``ps``, ``nodes``, ``rm`` and ``top`` to ``subparsers`` (the
-    ``command`` dest); :func:`skulk.cli.run_client_command` runs the parsed result."""
+    """Add ``place``, ``ps``, ``nodes``, ``rm``, ``top``, ``pull``, ``models`` and
+    ``rm-model`` to ``subparsers`` (the ``command`` dest); :func:`skulk.cli.run_client_command`
+    runs the parsed result."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--api",
@@ -118,6 +119,35 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "load).",
     )
     top.add_argument("--once", action="store_true", help="print one frame and exit")
+
+    pull = subparsers.add_parser(
+        "pull",
+        parents=[common],
+        help="pull a model from the Hugging Face Hub into the cluster",
+        description="Pull ORG/REPO[@REVISION] from the Hugging Face Hub: the cluster checks it "
+        "(it exists, mlx-lm loads it, a node has room), one node downloads it, the others "
+        "fetch it from their peers. Progress on stderr (a bar on a terminal); with --json, "
+        "the server's NDJSON status lines on stdout. --timeout bounds each wait for news "
+        "(the pull itself may take much longer).",
+    )
+    pull.add_argument("model", metavar="ORG/REPO[@REVISION]", help="a Hub model id")
+
+    subparsers.add_parser(
+        "models",
+        parents=[common],
+        help="list the models: which nodes hold them, sizes, last use",
+        description="List the cluster's models with their holders, and the models in this "
+        "node's store (size, last use); then this node's store use and budget.",
+    )
+
+    rm_model = subparsers.add_parser(
+        "rm-model",
+        parents=[common],
+        help="remove a model from this node's store",
+        description="Remove MODEL (a name or a manifest sha256) from the model store of the "
+        "node --api points at; refused while an instance uses it.",
+    )
+    rm_model.add_argument("model", metavar="MODEL", help="a stored model's name or sha256")
 
 
 def flatten(groups: list[list[str]]) -> list[str]:

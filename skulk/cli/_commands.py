@@ -106,6 +106,7 @@ class _Env:
     environ: Mapping[str, str]
     clock: Callable[[], float]
     sleep: Callable[[float], None]
+    wall: Callable[[], float] = time.time
 
 
 def place_body(args: argparse.Namespace) -> dict[str, object]:
@@ -237,6 +238,40 @@ def _wait_ready(client: ApiClient, args: argparse.Namespace, env: _Env, instance
     return 0
 
 
+def _pull(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
+    from skulk.cli._models import done_line, follow_pull, pull_reporter
+
+    if args.json:  # the status lines as the server sends them
+        follow_pull(client, args.model, _print_line)
+        return 0
+    with pull_reporter(sys.stderr, args.model) as report:
+        last = follow_pull(client, args.model, report)
+    print(done_line(last))
+    return 0
+
+
+def _models(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
+    from skulk.cli._models import models_table
+
+    answer = client.get("/v1/store")
+    if args.json:
+        _print_json(answer)
+        return 0
+    print(models_table(answer, env.wall()))
+    return 0
+
+
+def _rm_model(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
+    answer = client.delete(f"/v1/store/{quote_segment(args.model)}")
+    if args.json:
+        _print_json(answer)
+        return 0
+    removed = answer.get("removed")
+    sha = text(removed.get("sha256"))[:16] if isinstance(removed, Mapping) else "-"
+    print(f"removed {args.model} ({sha}) from the store of {text(answer.get('node'))}")
+    return 0
+
+
 def _top(client: ApiClient, args: argparse.Namespace, env: _Env) -> int:
     from skulk.cli._top_loop import run_top
 
@@ -249,11 +284,18 @@ _COMMANDS: dict[str, Callable[[ApiClient, argparse.Namespace, _Env], int]] = {
     "nodes": _nodes,
     "rm": _rm,
     "top": _top,
+    "pull": _pull,
+    "models": _models,
+    "rm-model": _rm_model,
 }
 
 
 def _print_json(answer: JsonObject) -> None:
     print(json.dumps(answer, indent=2, ensure_ascii=False))
+
+
+def _print_line(answer: JsonObject) -> None:
+    print(json.dumps(answer, ensure_ascii=False), flush=True)
 
 
 def _object(answer: JsonObject, key: str, url: str) -> JsonObject:

@@ -18,7 +18,7 @@ environment are ignored (``trust_env=False``): the API is usually on loopback, a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 from urllib.parse import quote
 
@@ -153,22 +153,51 @@ class ApiClient:
         url = self.api + path
         try:
             response = self._http.request(method, url, json=body)
-        except httpx.TimeoutException as exc:
-            which = "connect" if isinstance(exc, httpx.ConnectTimeout) else "read"
-            limit = min(self._timeout, CONNECT_TIMEOUT) if which == "connect" else self._timeout
-            raise ApiUnreachable(self.api, f"{which} timeout after {limit:g}s", True) from None
-        except httpx.ConnectError as exc:
-            raise ApiUnreachable(self.api, _connect_reason(exc)) from None
-        except httpx.UnsupportedProtocol:
-            raise ApiUnreachable(self.api, "not an http:// or https:// URL") from None
         except (httpx.InvalidURL, httpx.TransportError) as exc:
-            raise ApiUnreachable(self.api, str(exc) or type(exc).__name__) from None
+            raise self._unreachable(exc) from None
         if response.is_success:
             decoded = _json_object(response)
             if decoded is None:
                 raise BadResponse(url, f"HTTP {response.status_code} without a JSON object")
             return decoded
         raise _refusal(response)
+
+    def stream_lines(
+        self, method: str, path: str, body: Mapping[str, object] | None = None
+    ) -> Iterator[Mapping[str, object]]:
+        """The JSON objects of an NDJSON answer to ``method path``, one per line as they
+        come (``timeout`` bounds the wait for each read); a :class:`ClientError` if the
+        answer is an error, a line is not a JSON object, or the connection fails."""
+        url = self.api + path
+        try:
+            with self._http.stream(method, url, json=body) as response:
+                if not response.is_success:
+                    response.read()
+                    raise _refusal(response)
+                for raw in response.iter_lines():
+                    if not raw.strip():
+                        continue
+                    try:
+                        decoded = json.loads(raw)
+                    except ValueError:
+                        raise BadResponse(url, "a line of the stream is not JSON") from None
+                    if not isinstance(decoded, dict):
+                        raise BadResponse(url, "a line of the stream is not a JSON object")
+                    yield decoded
+        except (httpx.InvalidURL, httpx.TransportError) as exc:
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: httpx.InvalidURL | httpx.TransportError) -> ApiUnreachable:
+        """Why no answer came, as the CLI says it."""
+        if isinstance(exc, httpx.TimeoutException):
+            which = "connect" if isinstance(exc, httpx.ConnectTimeout) else "read"
+            limit = min(self._timeout, CONNECT_TIMEOUT) if which == "connect" else self._timeout
+            return ApiUnreachable(self.api, f"{which} timeout after {limit:g}s", True)
+        if isinstance(exc, httpx.ConnectError):
+            return ApiUnreachable(self.api, _connect_reason(exc))
+        if isinstance(exc, httpx.UnsupportedProtocol):
+            return ApiUnreachable(self.api, "not an http:// or https:// URL")
+        return ApiUnreachable(self.api, str(exc) or type(exc).__name__)
 
 
 def _connect_reason(exc: httpx.ConnectError) -> str:

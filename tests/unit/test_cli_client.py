@@ -213,8 +213,10 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_client_commands_are_the_five() -> None:
-    assert set(CLIENT_COMMANDS) == {"place", "ps", "nodes", "rm", "top"}
+def test_client_commands_are_the_eight() -> None:
+    assert set(CLIENT_COMMANDS) == {
+        "place", "ps", "nodes", "rm", "top", "pull", "models", "rm-model"
+    }  # fmt: skip
 
 
 def test_place_arguments_become_the_placement_body() -> None:
