@@ -111,6 +111,7 @@ def app_for(
     control: FakeControl,
     seen: Mapping[str, NodeReadings] | None = None,
     store: ModelStore | None = None,
+    api_keys: Sequence[str] = (),
 ) -> Any:
     router = Router("a", State, lambda i: None, lambda p: False, None, Admission())  # type: ignore[arg-type]
     return create_app(
@@ -119,6 +120,7 @@ def app_for(
         control=control,  # type: ignore[arg-type]
         gossip=FakeGossip(seen or {}),  # type: ignore[arg-type]
         store=store,
+        api_keys=api_keys,
     )
 
 
@@ -301,6 +303,17 @@ async def leave_after_a_line(app: Any, body: dict[str, object]) -> None:
             gone.set()
 
     await app(scope, receive, send)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/v1/pulls"), ("POST", "/api/pull"), ("GET", "/v1/downloads"),
+     ("GET", "/v1/store"), ("DELETE", "/v1/store/org/m")],
+)  # fmt: skip
+async def test_the_model_routes_need_the_key_when_keys_are_set(method: str, path: str) -> None:
+    control = FakeControl(SCRIPT)
+    status, _ = await call(app_for(control, api_keys=("k1",)), method, path, {"model": "org/m"})
+    assert status == 401 and control.asked == []
 
 
 # ---- POST /api/pull (Ollama) -----------------------------------------------------------------
