@@ -93,11 +93,17 @@ PULL_FIELDS: dict[str, Schema] = {
 }
 #: The fields of Ollama's ``POST /api/pull``.
 OLLAMA_PULL_FIELDS: dict[str, Schema] = {
-    "model": honoured("The Hub id, ORG/REPO[@REVISION].", type=["string", "null"], minLength=1),
+    "model": honoured(
+        "The Hub id, ORG/REPO[@REVISION] (also hf.co/ORG/REPO, and ORG/REPO:latest).",
+        type=["string", "null"],
+        minLength=1,
+    ),
     "name": honoured("The older name of model.", type=["string", "null"], minLength=1),
     "stream": honoured("NDJSON progress lines unless false (default true).", type="boolean"),
     "insecure": honoured(
-        "Accepted and ignored: the Hub is always reached over HTTPS.", type="boolean"
+        "Informational: Ollama's registry option; the Hub is reached as the nodes are "
+        "configured (HF_ENDPOINT), whatever its value.",
+        type="boolean",
     ),
 }
 
@@ -117,13 +123,35 @@ def parse_pull(body: object) -> PullRequest:
 
 
 def parse_ollama_pull(body: object) -> PullRequest:
-    """A ``POST /api/pull`` body (``model``, or the older ``name``)."""
+    """A ``POST /api/pull`` body (``model``, or the older ``name``). Ollama's spellings of a
+    Hub model are taken too: an ``hf.co/`` or ``huggingface.co/`` prefix, and the tag
+    ``:latest`` (Ollama's default); another ``:TAG`` is refused (a Hub revision is
+    ``@REVISION``)."""
     obj = checked_body(body, OLLAMA_PULL_FIELDS)
     insecure = obj.get("insecure")
     if insecure is not None and not isinstance(insecure, bool):
         raise ApiError.invalid_type("insecure", "a boolean", insecure)
     key = "name" if obj.get("model") is None and obj.get("name") is not None else "model"
-    return PullRequest(_hub_id(obj.get(key), key), _stream(obj))
+    value = obj.get(key)
+    if isinstance(value, str):
+        value = _ollama_spelling(value.strip(), key)
+    return PullRequest(_hub_id(value, key), _stream(obj))
+
+
+def _ollama_spelling(name: str, param: str) -> str:
+    for prefix in ("hf.co/", "huggingface.co/"):
+        if name.lower().startswith(prefix):
+            name = name[len(prefix) :]
+    repo, colon, tag = name.partition(":")
+    if not colon:
+        return name
+    if tag == "latest":
+        return repo
+    raise ApiError.invalid(
+        param,
+        f"'{param}' has the Ollama tag {clip(tag)!r}: name a Hub revision as "
+        "ORG/REPO@REVISION (only :latest is taken, meaning the default revision)",
+    )
 
 
 def _stream(obj: Mapping[str, object]) -> bool:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from skulk.api._errors import ApiError
 from skulk.api._ollama_pull import OllamaPullLines, digest_key
+from skulk.api._pull_format import PullRequest, parse_ollama_pull
 
 from .test_model_routes import CHECKING, DONE, Status, transfer
 
@@ -47,3 +51,25 @@ def test_digests_are_stable_per_repo_commit_and_file() -> None:
     assert a == digest_key("org/m", "c" * 40, "w.safetensors")
     assert a != digest_key("org/m", "d" * 40, "w.safetensors")
     assert a.startswith("sha256:") and len(a) == 71
+
+
+@pytest.mark.parametrize(
+    ("given", "model"),
+    [
+        ("org/m", "org/m"),
+        ("org/m:latest", "org/m"),
+        ("hf.co/org/m", "org/m"),
+        ("HF.co/org/m:latest", "org/m"),
+        ("huggingface.co/org/m@v2", "org/m@v2"),
+    ],
+)
+def test_ollama_spellings_of_a_hub_model(given: str, model: str) -> None:
+    assert parse_ollama_pull({"model": given}).model == model
+    assert parse_ollama_pull({"name": given, "stream": False}) == PullRequest(model, False)
+
+
+@pytest.mark.parametrize("given", ["org/m:Q4_K_M", "hf.co/org/m:", "hf.co/", "org/m:latest:x"])
+def test_other_ollama_tags_are_refused_naming_the_field(given: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        parse_ollama_pull({"model": given})
+    assert (refused.value.status, refused.value.param) == (400, "model")
