@@ -12,6 +12,9 @@ SHARDINGS = ("single", "pipeline", "tensor")
 #: ``--timeout`` unless given: one answer's deadline, and ``place --wait``'s whole wait.
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_WAIT_TIMEOUT = 600.0
+#: ``pull``'s ``--timeout`` unless given: the wait for each status line. The first comes once
+#: the Hub check is done, which retries each Hub call with back-off (several minutes at worst).
+DEFAULT_PULL_TIMEOUT = 300.0
 
 
 def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -128,7 +131,8 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "(it exists, mlx-lm loads it, a node has room), one node downloads it, the others "
         "fetch it from their peers. Progress on stderr (a bar on a terminal); with --json, "
         "the server's NDJSON status lines on stdout. --timeout bounds each wait for news "
-        "(the pull itself may take much longer).",
+        f"(default {DEFAULT_PULL_TIMEOUT:g}: the Hub check comes first; the pull itself may "
+        "take much longer).",
     )
     pull.add_argument("model", metavar="ORG/REPO[@REVISION]", help="a Hub model id")
 

@@ -20,7 +20,12 @@ from collections.abc import Callable, Mapping
 import attrs
 import httpx
 
-from skulk.cli._args import DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT, flatten
+from skulk.cli._args import (
+    DEFAULT_PULL_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    DEFAULT_WAIT_TIMEOUT,
+    flatten,
+)
 from skulk.cli._http import (
     DEFAULT_API,
     ApiClient,
@@ -89,10 +94,13 @@ def run_client_command(
 
 
 def request_timeout(args: argparse.Namespace) -> float:
-    """One request's deadline: ``--timeout``, else :data:`DEFAULT_TIMEOUT`; under ``place
-    --wait`` (where ``--timeout`` bounds the whole wait) at most :data:`DEFAULT_TIMEOUT`."""
+    """One request's deadline: ``--timeout``, else :data:`DEFAULT_TIMEOUT` (for ``pull``, each
+    read: :data:`DEFAULT_PULL_TIMEOUT`); under ``place --wait`` (where ``--timeout`` bounds the
+    whole wait) at most :data:`DEFAULT_TIMEOUT`."""
     if getattr(args, "wait", False):
         return min(wait_timeout(args), DEFAULT_TIMEOUT)
+    if args.timeout is None and args.command == "pull":
+        return DEFAULT_PULL_TIMEOUT
     return DEFAULT_TIMEOUT if args.timeout is None else float(args.timeout)
 
 

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 
 import httpx
 import pytest
 
+from skulk.cli import add_client_commands
+from skulk.cli._args import DEFAULT_PULL_TIMEOUT, DEFAULT_TIMEOUT
+from skulk.cli._commands import request_timeout
 from skulk.cli._models import models_table, pull_reporter, status_summary
 
 from .test_cli_client import FakeApi, envelope
@@ -181,3 +185,11 @@ def test_rm_model_in_use_is_the_servers_409(capsys: pytest.CaptureFixture[str]) 
     api = FakeApi({("DELETE", "/v1/store/org%2Fm"): refused})
     assert api.run("rm-model", "org/m") == 1
     assert capsys.readouterr().err.startswith("skulk: model_in_use: ")
+
+
+def test_pull_waits_longer_for_news_than_other_commands_unless_told() -> None:
+    parser = argparse.ArgumentParser(prog="skulk")
+    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    assert request_timeout(parser.parse_args(["pull", "org/m"])) == DEFAULT_PULL_TIMEOUT
+    assert request_timeout(parser.parse_args(["pull", "org/m", "--timeout", "5"])) == 5.0
+    assert request_timeout(parser.parse_args(["models"])) == DEFAULT_TIMEOUT
