@@ -4,8 +4,9 @@ every answer checked — never a 5xx, a documented status, a documented content 
 that matches the documented schema (the error envelope of the path's format included).
 
 The node runs with an API key (the document's security schemes) and on its own: the run must
-not change the cluster, so ``POST /v1/placements`` is sent as a dry run and the ``DELETE``
-routes name ids no instance or node has. Generated token limits are capped (and set where a
+not change the cluster, so ``POST /v1/placements`` is sent as a dry run, the pulls name no Hub
+id (they are refused before any Hub call) and the ``DELETE`` routes name ids no instance, node
+or stored model has. Generated token limits are capped (and set where a
 body leaves them out) so each generation is a few tokens. The run is bounded (a few examples
 per operation, no coverage or stateful phase) and deterministic (derandomized hypothesis, a
 fixed schemathesis seed): a failure reproduces with the same command.
@@ -94,6 +95,11 @@ def _bounded(case: schemathesis.Case[Any]) -> None:
         return
     if isinstance(body.get("model"), str):
         body["model"] = DEMO_MODEL_ID
+    if path in ("/v1/pulls", "/api/pull"):  # never a Hub id: no pull, no call to the Hub
+        for name in ("model", "name"):
+            if isinstance(body.get(name), str):
+                body[name] = DEMO_MODEL_ID
+        return
     if path == "/v1/placements":
         body["dry_run"] = True
         return

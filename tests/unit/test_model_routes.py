@@ -10,10 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import attrs
+import jsonschema
 import pytest
 import trio
 
 from skulk.api import create_app
+from skulk.api._openapi import openapi_document
 from skulk.cluster import Instance, State
 from skulk.control import ControlUnavailable
 from skulk.hub import Gated, HubUnreachable, RepoNotFound, UnsupportedArchitecture
@@ -457,3 +459,23 @@ async def test_without_a_store_the_store_routes_still_answer() -> None:
     assert status == 200 and json.loads(data)["store"] is None
     status, data = await call(app_for(FakeControl()), "DELETE", "/v1/store/org/m")
     assert status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
+
+
+async def test_the_answers_match_the_documented_schemas(store: ModelStore) -> None:
+    document = openapi_document()
+    paths: dict[str, Any] = document["paths"]  # type: ignore[assignment]
+    (stored,) = store.models()
+    control = FakeControl(SCRIPT, FakeState(models=(card("org/m", stored.sha256, ("a",)),)))
+    app = app_for(control, {"b": readings("b", GIB)}, store)
+    for method, path, doc_path, body in [
+        ("POST", "/v1/pulls", "/v1/pulls", {"model": "org/m", "stream": False}),
+        ("POST", "/api/pull", "/api/pull", {"model": "org/m", "stream": False}),
+        ("GET", "/v1/downloads", "/v1/downloads", None),
+        ("GET", "/v1/store", "/v1/store", None),
+        ("DELETE", "/v1/store/org/m", "/v1/store/{model}", None),
+    ]:
+        status, data = await call(app, method, path, body)
+        assert status == 200, (path, data)
+        answer = paths[doc_path][method.lower()]["responses"]["200"]["content"]
+        schema = {**answer["application/json"]["schema"], "components": document["components"]}
+        jsonschema.validate(json.loads(data), schema)
