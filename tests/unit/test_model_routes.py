@@ -18,7 +18,16 @@ from skulk.api import create_app
 from skulk.api._openapi import openapi_document
 from skulk.cluster import Instance, State
 from skulk.control import ControlUnavailable
-from skulk.hub import Gated, HubUnreachable, RepoNotFound, UnsupportedArchitecture
+from skulk.hub import (
+    Gated,
+    HashMismatch,
+    HubUnreachable,
+    NoWeights,
+    OfflineMissing,
+    RepoNotFound,
+    RevisionNotFound,
+    UnsupportedArchitecture,
+)
 from skulk.routing import Admission, Router
 from skulk.store import ModelStore, StoreFull
 from skulk.wire.cluster import Architecture, Download, HubSource, ModelCard, Shard
@@ -84,8 +93,15 @@ class FakeControl:
         self.asked: list[str] = []
         self.closed = 0
         self.waiting = trio.Event()
+        self.pulls: list[AsyncIterator[Status]] = []
 
-    async def pull(self, name: str) -> AsyncIterator[Status]:
+    def pull(self, name: str) -> AsyncIterator[Status]:
+        # kept referenced, so that only an explicit aclose (not the garbage collector's
+        # finaliser) counts as closed
+        self.pulls.append(self._pull(name))
+        return self.pulls[-1]
+
+    async def _pull(self, name: str) -> AsyncIterator[Status]:
         self.asked.append(name)
         try:
             for item in self.scripts.get(name, self.script):
@@ -187,6 +203,10 @@ async def test_a_pull_not_streamed_answers_the_last_status() -> None:
     ("error", "status", "code"),
     [
         (RepoNotFound("org/m"), 404, "repo_not_found"),
+        (RevisionNotFound("org/m", "v9"), 404, "revision_not_found"),
+        (OfflineMissing("org/m", "not in the store nor the Hub cache"), 404, "offline_missing"),
+        (NoWeights("org/m"), 422, "no_weights"),
+        (HashMismatch("org/m", "w.safetensors", "a" * 64, "b" * 64), 502, "hash_mismatch"),
         (Gated("org/m", 401, had_token=False), 401, "gated"),
         (Gated("org/m", 403, had_token=True), 403, "gated"),
         (UnsupportedArchitecture("org/m", "bert"), 422, "unsupported_architecture"),
@@ -216,6 +236,16 @@ async def test_a_failure_after_the_stream_started_is_its_last_line() -> None:
     assert got[-1]["error"]["code"] == "hash_mismatch"
     assert got[-1]["error"]["message"] == "bad bytes"
     assert [g.get("phase") for g in got[:-1]] == ["checking", "downloading"]
+
+
+@pytest.mark.parametrize("path", ["/v1/pulls", "/api/pull"])
+async def test_a_failure_of_a_pull_not_streamed_is_its_typed_status(path: str) -> None:
+    control = FakeControl([CHECKING, DOWNLOADING[0], PullFailed("hash_mismatch", "bad bytes")])
+    status, data = await call(app_for(control), "POST", path, {"model": "org/m", "stream": False})
+    assert status == 502
+    error = json.loads(data)["error"]
+    assert (error if isinstance(error, str) else error["message"]) == "bad bytes"
+    assert control.closed == 1
 
 
 async def test_a_bug_in_the_pull_is_a_500_before_the_stream_and_a_line_after() -> None:
@@ -282,12 +312,27 @@ async def test_a_client_that_leaves_mid_stream_closes_its_pull_only() -> None:
     assert control.asked == ["org/leaving", "org/staying"] and control.closed == 2
 
 
-async def leave_after_a_line(app: Any, body: dict[str, object]) -> None:
+@pytest.mark.parametrize("path", ["/v1/pulls", "/api/pull"])
+async def test_a_client_that_leaves_during_the_check_closes_its_pull(path: str) -> None:
+    """The client goes away before any line (the Hub check still runs): the pull is closed,
+    the request ends, nothing hangs."""
+    control = FakeControl([WAIT])
+    app = app_for(control)
+    async with app.test_app():
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(leave_after_a_line, app, {"model": "org/m"}, path, control)
+    assert control.asked == ["org/m"] and control.closed == 1
+
+
+async def leave_after_a_line(
+    app: Any, body: dict[str, object], path: str = "/v1/pulls", waiting: Any = None
+) -> None:
     """``POST /v1/pulls`` in a plain ASGI call whose client goes away once a line of the
     body has come; returns when the request has ended."""
     scope = {
         "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/pulls", "raw_path": b"/v1/pulls", "query_string": b"", "root_path": "",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
         "headers": [(b"content-type", b"application/json")], "extensions": {},
     }  # fmt: skip
@@ -297,6 +342,9 @@ async def leave_after_a_line(app: Any, body: dict[str, object]) -> None:
     async def receive() -> dict[str, Any]:
         if messages:
             return messages.pop()
+        if waiting is not None:  # leave once the pull waits, before any line
+            await waiting.waiting.wait()
+            gone.set()
         await gone.wait()
         return {"type": "http.disconnect"}
 
