@@ -96,8 +96,8 @@ class FakeControl:
         self.pulls: list[AsyncIterator[Status]] = []
 
     def pull(self, name: str) -> AsyncIterator[Status]:
-        # kept referenced, so that only an explicit aclose (not the garbage collector's
-        # finaliser) counts as closed
+        # kept referenced, so the garbage collector's finaliser never closes one: only the
+        # route (an aclose, or a cancellation while the pull waits) counts in ``closed``
         self.pulls.append(self._pull(name))
         return self.pulls[-1]
 
