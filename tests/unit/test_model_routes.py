@@ -412,6 +412,33 @@ async def test_ollama_pull_errors_are_ollama_envelopes() -> None:
         assert status == 400 and isinstance(json.loads(data)["error"], str)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "hf.co/"}, {"model": "org/m:"}, {"model": ":latest"}, {"model": "org/m:q4"},
+        {"model": "org/m x"}, {"model": "org/\u0000"}, {"model": "../../etc"},
+        {"model": "org/" + "x" * 100_000},
+        {"model": "", "name": "org/m"}, {"model": None, "name": 5}, {"name": None},
+        {"model": "org/m", "stream": "false"}, {"model": "org/m", "stream": None, "x": 1},
+        [], "org/m",
+    ],
+)  # fmt: skip
+async def test_odd_ollama_pull_bodies_are_400_without_a_pull(body: object) -> None:
+    control = FakeControl(SCRIPT)
+    status, data = await call(app_for(control), "POST", "/api/pull", body)
+    assert status == 400
+    error = json.loads(data)["error"]
+    assert isinstance(error, str) and 0 < len(error) < 600
+    assert control.asked == []
+
+
+async def test_the_ollama_pull_takes_model_before_name_and_strips_it() -> None:
+    control = FakeControl(SCRIPT)
+    body = {"model": " hf.co/org/m:latest ", "name": "other/x", "stream": False}
+    status, _ = await call(app_for(control), "POST", "/api/pull", body)
+    assert status == 200 and control.asked == ["org/m"]
+
+
 # ---- GET /v1/downloads, GET /v1/store, DELETE /v1/store/{model} ----------------------------
 
 
