@@ -384,7 +384,7 @@ def _cluster_paths() -> dict[str, dict[str, object]]:
                     200: _json(shape({"plan": {"type": "object"}})),
                     201: _json(shape({"instance": {"type": "object"}})),
                 },
-                (*PULL_ERRORS, 409),  # a Hub id is pulled first: its failures too
+                PULL_ERRORS,  # a Hub id is pulled first: its failures too (409: placement)
                 body=_body("/v1/placements"),
             )
         },

@@ -215,6 +215,13 @@ async def test_a_pull_not_streamed_answers_the_last_status() -> None:
         (StoreFull(300, 10, 0, limit="budget"), 507, "disk_full"),
         (PullFailed("node_down", "the downloader went down"), 502, "node_down"),
         (ControlUnavailable("no_quorum", "no quorum"), 503, "no_quorum"),
+        (
+            PullFailed("placement_info_pending", "no store reading yet"),
+            503,
+            "placement_info_pending",
+        ),
+        (PullFailed("node_not_up", "b is not up"), 503, "node_not_up"),
+        (PullFailed("duplicate_download", "c downloads it"), 409, "duplicate_download"),
     ],
 )
 async def test_a_failure_before_the_download_is_its_typed_status(
@@ -226,6 +233,16 @@ async def test_a_failure_before_the_download_is_its_typed_status(
     envelope = json.loads(data)["error"]
     assert envelope["code"] == code and envelope["message"]
     assert control.closed == 1
+    if status == 503:  # the cluster is not ready: try again soon
+        assert await retry_after(app_for(FakeControl([CHECKING, error]))) == "1"
+
+
+async def retry_after(app: Any) -> str | None:
+    """The ``Retry-After`` header of ``POST /v1/pulls`` of org/m."""
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post("/v1/pulls", json={"model": "org/m"})
+        value: str | None = response.headers.get("Retry-After")
+        return value
 
 
 async def test_a_failure_after_the_stream_started_is_its_last_line() -> None:
