@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 
 from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
+from skulk.api._pull_format import pull_error
 from skulk.api._schema import Schema, honoured
 from skulk.cluster import Instance, State
 from skulk.control import ClusterControl, ControlUnavailable
@@ -62,7 +63,10 @@ _NODE_COUNT: Schema = {"type": "integer", "minimum": 1, "maximum": 1024}
 #: The fields of a placement, with the JSON Schema of what each accepts (the OpenAPI document's).
 _PLACEMENT_FIELDS: dict[str, Schema] = {
     "model": honoured(
-        "Required: a model name or path this node can resolve.", type="string", minLength=1
+        "Required: a model name or path this node can resolve, or a Hub id ORG/REPO[@REVISION] "
+        "(pulled into the cluster first).",
+        type="string",
+        minLength=1,
     ),
     "sharding": honoured("Default single.", enum=list(_SHARDINGS)),
     "nodes": honoured("Pin the instance to these nodes.", **_NODE_IDS),
@@ -251,6 +255,10 @@ def install_cluster_routes(
             ) from None
         except ValueError as exc:
             raise ApiError.invalid("model", str(exc), code="unsupported_model") from None
+        except Exception as exc:  # a Hub id whose pull failed: its typed status (repo_not_found
+            if (failed := pull_error(exc)) is None:  # 404, gated 401, disk_full 507, ...)
+                raise
+            raise failed from None
         reply = await ask(attrs.evolve(placement, model=registered))
         if isinstance(reply, Planned):
             plan = {

@@ -50,7 +50,7 @@ from skulk.api._openapi_answers import (
     list_of,
     shape,
 )
-from skulk.api._openapi_models import REASONS, model_paths, pull_bodies
+from skulk.api._openapi_models import PULL_ERRORS, REASONS, model_paths, pull_bodies
 from skulk.api._pull_format import OLLAMA_PULL_FIELDS, PULL_FIELDS
 from skulk.api._schema import Schema, obj, ref
 from skulk.models import DEMO_MODEL_ID
@@ -384,7 +384,7 @@ def _cluster_paths() -> dict[str, dict[str, object]]:
                     200: _json(shape({"plan": {"type": "object"}})),
                     201: _json(shape({"instance": {"type": "object"}})),
                 },
-                (404, 409, *control),
+                PULL_ERRORS,  # a Hub id is pulled first: its failures too (409: placement)
                 body=_body("/v1/placements"),
             )
         },

@@ -16,7 +16,7 @@ REASONS = {
     507: "No node has room for the model (disk or --store-budget).",
 }
 #: ``POST /v1/pulls`` and ``POST /api/pull``: the check's failures, then the cluster's.
-PULL_ERRORS = (401, 403, 404, 422, 502, 503, 507)
+PULL_ERRORS = (401, 403, 404, 409, 422, 502, 503, 507)
 
 _ANY: Schema = {"type": "object"}
 _ARRAY: Schema = {"type": "array"}

@@ -76,6 +76,12 @@ PULL_STATUS = {
     "hub_unreachable": 502,
     "hash_mismatch": 502,
     "disk_full": 507,
+    # the leader's refusals of the download (races: pulling again answers)
+    "placement_info_pending": 503,  # no node has published its store yet
+    "unknown_node": 503,
+    "node_not_up": 503,  # the chosen node left as it was chosen
+    "duplicate_download": 409,
+    "model_exists": 409,
 }
 
 #: The fields of ``POST /v1/pulls`` (the OpenAPI document's).
@@ -191,7 +197,10 @@ def pull_error(exc: Exception) -> ApiError | None:
         status = 403
     param = "model" if status < 500 or isinstance(exc, HubError) else None
     kind = SERVER if status >= 500 else "invalid_request_error"
-    return ApiError(status, text, type=kind, param=param, code=reason)
+    error = ApiError(status, text, type=kind, param=param, code=reason)
+    if status == 503:
+        error.headers = {"Retry-After": "1"}
+    return error
 
 
 def transfer_json(node: str, transfer: ModelTransfer) -> dict[str, object]:

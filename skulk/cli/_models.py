@@ -145,14 +145,21 @@ def _speed(status: JsonObject) -> str:
 
 
 def done_line(status: JsonObject) -> str:
-    """What ``pull`` prints on stdout when done."""
+    """What ``pull`` prints on stdout when done: the holders, and the up nodes that are not
+    (a pull is also done when the spreading stalls: no room there, or its fetch failed)."""
     holders = status.get("holders")
-    held = ", ".join(str(h) for h in holders) if isinstance(holders, list) and holders else NONE
+    holders = [str(h) for h in holders] if isinstance(holders, list) else []
+    nodes = status.get("nodes")
+    lacking = [str(n) for n in nodes if str(n) not in holders] if isinstance(nodes, list) else []
     commit = text(status.get("commit"))[:12]
-    return (
+    line = (
         f"pulled {text(status.get('model'))} ({text(status.get('repo'))}@{commit}, "
-        f"{size(status.get('total_bytes'))}); held by {held}"
+        f"{size(status.get('total_bytes'))}); held by {', '.join(holders) or NONE}"
     )
+    if lacking:
+        why = "no room, or its fetch failed: see GET /v1/downloads"
+        line += f"; not on {', '.join(lacking)} ({why})"
+    return line
 
 
 def models_table(answer: JsonObject, now: float) -> str:

@@ -13,7 +13,7 @@ import pytest
 from skulk.cli import add_client_commands
 from skulk.cli._args import DEFAULT_PULL_TIMEOUT, DEFAULT_TIMEOUT
 from skulk.cli._commands import request_timeout
-from skulk.cli._models import models_table, pull_reporter, status_summary
+from skulk.cli._models import done_line, models_table, pull_reporter, status_summary
 
 from .test_cli_client import FakeApi, envelope
 
@@ -53,6 +53,17 @@ def test_pull_streams_the_pull_and_prints_the_holders(capsys: pytest.CaptureFixt
     assert progress[0] == "org/m@main: checking 0 B/4.0 GiB"
     assert "org/m@main: downloading 1.0 GiB/2.0 GiB on a" in progress
     assert progress[-1] == "org/m@main: done 4.0 GiB/4.0 GiB (2/2 nodes hold it)"
+
+
+def test_a_pull_done_with_nodes_lacking_it_names_them() -> None:
+    """The cluster ends a pull whose spreading stalled (a node without room, a failed fetch):
+    the done line says which up nodes do not hold the model."""
+    stalled = status("done", 3 * GiB, holders=["a"], nodes=["a", "b", "c"])
+    line = done_line(stalled)
+    assert line.startswith(f"pulled org/m (org/m@{COMMIT[:12]}, 2.0 GiB); held by a; not on b, c")
+    assert "not on" not in done_line(status("done", 4 * GiB, holders=["a", "b"]))
+    odd = done_line({"phase": "done", "holders": "a", "nodes": [1, None]})
+    assert "held by" in odd and "not on 1, None" in odd
 
 
 def test_pull_json_prints_the_lines_as_sent(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ from skulk.api._cluster_routes import instance_json, parse_placement
 from skulk.api._openai import ApiError
 from skulk.cluster import apply
 from skulk.diagnostics import ClusterTimeline
+from skulk.hub import Gated, HubUnreachable, RepoNotFound, UnsupportedArchitecture
 from skulk.routing import Admission, Router
 from skulk.wire.cluster import PlaceInstance, ReportRunner, Shard
 from skulk.wire.diagnostics import TimelineEvent
@@ -201,3 +202,46 @@ async def test_timeline_lists_a_silent_node_and_answers_anyway(setup: Any) -> No
     assert body["unanswered"] == [{"node": "b", "reason": "timeout"}]
     limited = await (await client.get("/v1/diagnostics/cluster/timeline?limit=1")).get_json()
     assert [e["detail"] for e in limited["events"]] == ["ready"] and limited["dropped"] == 1
+
+
+class PullFailed(Exception):
+    """As skulk.control.PullFailed: a pull that could not finish, with a typed reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (RepoNotFound("org/m"), 404, "repo_not_found"),
+        (Gated("org/m", 401, had_token=False), 401, "gated"),
+        (UnsupportedArchitecture("org/m", "bert"), 422, "unsupported_architecture"),
+        (HubUnreachable("org/m", "http://hub", 3, "refused"), 502, "hub_unreachable"),
+        (PullFailed("disk_full", "no node has room for 3 GiB"), 507, "disk_full"),
+    ],
+)
+async def test_placing_a_hub_id_whose_pull_fails_is_its_typed_status(
+    error: Exception, status: int, code: str
+) -> None:
+    """``POST /v1/placements`` of a Hub id pulls it first (``register_model``); a failed pull
+    is the pull's typed error naming the model, never a 500, and nothing is placed."""
+    seen = {n: readings(n, 2 * GIB) for n in "abc"}
+    control, driver = make(cluster(LLAMA, GEMMA), seen)
+    asked: list[str] = []
+
+    async def register_model(name: str) -> str:
+        asked.append(name)
+        raise error
+
+    control.register_model = register_model  # type: ignore[method-assign]
+    before = driver.state
+    async with app_for(driver, control, seen).test_app() as test_app:
+        got, body = await post(test_app.test_client(), {"model": "org/m"})
+    assert (got, body["error"]["code"]) == (status, code)
+    if status < 500:
+        assert body["error"]["param"] == "model"
+    assert body["error"]["message"] == str(error)
+    assert asked == ["org/m"] and driver.state == before

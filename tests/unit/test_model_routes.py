@@ -18,7 +18,16 @@ from skulk.api import create_app
 from skulk.api._openapi import openapi_document
 from skulk.cluster import Instance, State
 from skulk.control import ControlUnavailable
-from skulk.hub import Gated, HubUnreachable, RepoNotFound, UnsupportedArchitecture
+from skulk.hub import (
+    Gated,
+    HashMismatch,
+    HubUnreachable,
+    NoWeights,
+    OfflineMissing,
+    RepoNotFound,
+    RevisionNotFound,
+    UnsupportedArchitecture,
+)
 from skulk.routing import Admission, Router
 from skulk.store import ModelStore, StoreFull
 from skulk.wire.cluster import Architecture, Download, HubSource, ModelCard, Shard
@@ -84,8 +93,15 @@ class FakeControl:
         self.asked: list[str] = []
         self.closed = 0
         self.waiting = trio.Event()
+        self.pulls: list[AsyncIterator[Status]] = []
 
-    async def pull(self, name: str) -> AsyncIterator[Status]:
+    def pull(self, name: str) -> AsyncIterator[Status]:
+        # kept referenced, so the garbage collector's finaliser never closes one: only the
+        # route (an aclose, or a cancellation while the pull waits) counts in ``closed``
+        self.pulls.append(self._pull(name))
+        return self.pulls[-1]
+
+    async def _pull(self, name: str) -> AsyncIterator[Status]:
         self.asked.append(name)
         try:
             for item in self.scripts.get(name, self.script):
@@ -187,6 +203,10 @@ async def test_a_pull_not_streamed_answers_the_last_status() -> None:
     ("error", "status", "code"),
     [
         (RepoNotFound("org/m"), 404, "repo_not_found"),
+        (RevisionNotFound("org/m", "v9"), 404, "revision_not_found"),
+        (OfflineMissing("org/m", "not in the store nor the Hub cache"), 404, "offline_missing"),
+        (NoWeights("org/m"), 422, "no_weights"),
+        (HashMismatch("org/m", "w.safetensors", "a" * 64, "b" * 64), 502, "hash_mismatch"),
         (Gated("org/m", 401, had_token=False), 401, "gated"),
         (Gated("org/m", 403, had_token=True), 403, "gated"),
         (UnsupportedArchitecture("org/m", "bert"), 422, "unsupported_architecture"),
@@ -195,6 +215,13 @@ async def test_a_pull_not_streamed_answers_the_last_status() -> None:
         (StoreFull(300, 10, 0, limit="budget"), 507, "disk_full"),
         (PullFailed("node_down", "the downloader went down"), 502, "node_down"),
         (ControlUnavailable("no_quorum", "no quorum"), 503, "no_quorum"),
+        (
+            PullFailed("placement_info_pending", "no store reading yet"),
+            503,
+            "placement_info_pending",
+        ),
+        (PullFailed("node_not_up", "b is not up"), 503, "node_not_up"),
+        (PullFailed("duplicate_download", "c downloads it"), 409, "duplicate_download"),
     ],
 )
 async def test_a_failure_before_the_download_is_its_typed_status(
@@ -206,6 +233,16 @@ async def test_a_failure_before_the_download_is_its_typed_status(
     envelope = json.loads(data)["error"]
     assert envelope["code"] == code and envelope["message"]
     assert control.closed == 1
+    if status == 503:  # the cluster is not ready: try again soon
+        assert await retry_after(app_for(FakeControl([CHECKING, error]))) == "1"
+
+
+async def retry_after(app: Any) -> str | None:
+    """The ``Retry-After`` header of ``POST /v1/pulls`` of org/m."""
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post("/v1/pulls", json={"model": "org/m"})
+        value: str | None = response.headers.get("Retry-After")
+        return value
 
 
 async def test_a_failure_after_the_stream_started_is_its_last_line() -> None:
@@ -216,6 +253,16 @@ async def test_a_failure_after_the_stream_started_is_its_last_line() -> None:
     assert got[-1]["error"]["code"] == "hash_mismatch"
     assert got[-1]["error"]["message"] == "bad bytes"
     assert [g.get("phase") for g in got[:-1]] == ["checking", "downloading"]
+
+
+@pytest.mark.parametrize("path", ["/v1/pulls", "/api/pull"])
+async def test_a_failure_of_a_pull_not_streamed_is_its_typed_status(path: str) -> None:
+    control = FakeControl([CHECKING, DOWNLOADING[0], PullFailed("hash_mismatch", "bad bytes")])
+    status, data = await call(app_for(control), "POST", path, {"model": "org/m", "stream": False})
+    assert status == 502
+    error = json.loads(data)["error"]
+    assert (error if isinstance(error, str) else error["message"]) == "bad bytes"
+    assert control.closed == 1
 
 
 async def test_a_bug_in_the_pull_is_a_500_before_the_stream_and_a_line_after() -> None:
@@ -282,12 +329,27 @@ async def test_a_client_that_leaves_mid_stream_closes_its_pull_only() -> None:
     assert control.asked == ["org/leaving", "org/staying"] and control.closed == 2
 
 
-async def leave_after_a_line(app: Any, body: dict[str, object]) -> None:
+@pytest.mark.parametrize("path", ["/v1/pulls", "/api/pull"])
+async def test_a_client_that_leaves_during_the_check_closes_its_pull(path: str) -> None:
+    """The client goes away before any line (the Hub check still runs): the pull is closed,
+    the request ends, nothing hangs."""
+    control = FakeControl([WAIT])
+    app = app_for(control)
+    async with app.test_app():
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(leave_after_a_line, app, {"model": "org/m"}, path, control)
+    assert control.asked == ["org/m"] and control.closed == 1
+
+
+async def leave_after_a_line(
+    app: Any, body: dict[str, object], path: str = "/v1/pulls", waiting: Any = None
+) -> None:
     """``POST /v1/pulls`` in a plain ASGI call whose client goes away once a line of the
     body has come; returns when the request has ended."""
     scope = {
         "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/pulls", "raw_path": b"/v1/pulls", "query_string": b"", "root_path": "",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
         "headers": [(b"content-type", b"application/json")], "extensions": {},
     }  # fmt: skip
@@ -297,6 +359,9 @@ async def leave_after_a_line(app: Any, body: dict[str, object]) -> None:
     async def receive() -> dict[str, Any]:
         if messages:
             return messages.pop()
+        if waiting is not None:  # leave once the pull waits, before any line
+            await waiting.waiting.wait()
+            gone.set()
         await gone.wait()
         return {"type": "http.disconnect"}
 
@@ -362,6 +427,33 @@ async def test_ollama_pull_errors_are_ollama_envelopes() -> None:
     for body in ({}, {"model": 1}, {"model": "x"}, {"model": "org/m", "insecure": "no"}):
         status, data = await call(app_for(control), "POST", "/api/pull", body)
         assert status == 400 and isinstance(json.loads(data)["error"], str)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "hf.co/"}, {"model": "org/m:"}, {"model": ":latest"}, {"model": "org/m:q4"},
+        {"model": "org/m x"}, {"model": "org/\u0000"}, {"model": "../../etc"},
+        {"model": "org/" + "x" * 100_000},
+        {"model": "", "name": "org/m"}, {"model": None, "name": 5}, {"name": None},
+        {"model": "org/m", "stream": "false"}, {"model": "org/m", "stream": None, "x": 1},
+        [], "org/m",
+    ],
+)  # fmt: skip
+async def test_odd_ollama_pull_bodies_are_400_without_a_pull(body: object) -> None:
+    control = FakeControl(SCRIPT)
+    status, data = await call(app_for(control), "POST", "/api/pull", body)
+    assert status == 400
+    error = json.loads(data)["error"]
+    assert isinstance(error, str) and 0 < len(error) < 600
+    assert control.asked == []
+
+
+async def test_the_ollama_pull_takes_model_before_name_and_strips_it() -> None:
+    control = FakeControl(SCRIPT)
+    body = {"model": " hf.co/org/m:latest ", "name": "other/x", "stream": False}
+    status, _ = await call(app_for(control), "POST", "/api/pull", body)
+    assert status == 200 and control.asked == ["org/m"]
 
 
 # ---- GET /v1/downloads, GET /v1/store, DELETE /v1/store/{model} ----------------------------
