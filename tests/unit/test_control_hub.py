@@ -37,9 +37,10 @@ def control(token: str | None = None, *, offline: bool = False) -> ClusterContro
         raise AssertionError(f"a Hub id must not be made a card from a directory: {name}")
 
     consensus: Any = SimpleNamespace(driver=NoLeader())
+    mesh: Any = None  # never used: nothing reaches the leader
     return ClusterControl(
-        "a", consensus, None, dict, card_for=no_card, hub_token=token, offline=offline
-    )  # type: ignore[arg-type]
+        "a", consensus, mesh, dict, card_for=no_card, hub_token=token, offline=offline
+    )
 
 
 def weights_served(hub: HubServer) -> int:
@@ -52,7 +53,7 @@ async def test_check_hub_plans_a_model_before_any_weight_byte(
     repo = hub.add_repo("org/tiny", repo_files(tiny_model))
     plan = await control().check_hub("org/tiny")
     assert plan.commit == repo.commit and plan.model_type == "llama"
-    assert plan.total_bytes == sum(f.stat().st_size for f in tiny_model.iterdir() if f.is_file())
+    assert plan.total_bytes == sum(len(f.data) for f in repo.files.values())
     pinned = await control().check_hub(f"org/tiny@{repo.commit}")
     assert pinned.files == plan.files
     assert weights_served(hub) == 0
@@ -96,7 +97,7 @@ async def test_an_offline_node_checks_its_hub_cache_only(hub: HubServer, tiny_mo
 
 @pytest.mark.parametrize("name", ["", "not a repo", "org/", "/abs/path", "org/m@"])
 async def test_check_hub_of_a_name_that_is_no_hub_id_is_a_value_error(name: str) -> None:
-    with pytest.raises(ValueError):  # noqa: PT011 (the message varies by shape)
+    with pytest.raises(ValueError):
         await control().check_hub(name)
 
 
