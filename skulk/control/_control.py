@@ -64,7 +64,7 @@ from skulk.wire.telemetry import NodeReadings
 
 from ._asks import place, remove_node
 from ._duties import LeaderDuties
-from ._pull import PullStatus, decide_pull, hub_model_id, pull_statuses
+from ._pull import PullFailed, PullStatus, decide_pull, hub_model_id, pull_statuses
 from ._rpc import CALL_CODEC, CONTROL_METHOD, REPLY_CODEC, ControlUnavailable
 from ._sight import LeaderSight
 
@@ -315,6 +315,14 @@ class ClusterControl:
             except ControlUnavailable as exc:
                 log.debug("ensuring %s: %s", model, exc)
                 await trio.sleep(0.5)
+                continue
+            except PullFailed as exc:  # the leader has no store reading yet: ask again later
+                if exc.reason != "placement_info_pending":
+                    log.error("cannot make sure model %s has an instance: %s", model, exc)
+                    return
+                log.debug("ensuring %s: %s", model, exc)
+                await trio.sleep(delay)
+                delay = min(30.0, delay * 2)
                 continue
             except Exception as exc:  # the model cannot be read here: say so, do not retry
                 log.error("cannot make sure model %s has an instance: %s", model, exc)

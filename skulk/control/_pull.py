@@ -7,7 +7,8 @@
   has) and commits ``StartDownload``, or refuses ``disk_full`` with the largest room it saw.
 * **On the asking node** (:func:`pull_statuses`, behind :meth:`ClusterControl.pull`): the Hub
   check first (a typed :class:`~skulk.hub.HubError` before any weight byte moves), then the
-  ask, then a :class:`PullStatus` every :data:`STATUS_INTERVAL_S` and on every State change:
+  ask (asked again for up to :data:`INFO_WAIT_S` while the leader has no store reading yet),
+  then a :class:`PullStatus` every :data:`STATUS_INTERVAL_S` and on every State change:
   ``downloading`` until the card is registered, ``spreading`` until every up node with room
   holds the model, ``done``. A download every candidate failed ends the pull with
   :class:`PullFailed` (the last failure's reason); a spread that makes no progress for
@@ -47,6 +48,9 @@ STATUS_INTERVAL_S = 0.5
 SPREAD_STALL_S = 120.0
 #: A download that failed and was not re-placed within this long ends the pull.
 REPLACE_GRACE_S = 10.0
+#: How long a pull asks again while the leader has no node's store reading yet (a cluster
+#: just started: ``placement_info_pending``), before it ends with that reason.
+INFO_WAIT_S = 30.0
 
 PullPhase = Literal["checking", "downloading", "spreading", "done"]
 
@@ -166,6 +170,11 @@ async def pull_statuses(host: PullHost, name: str) -> AsyncGenerator[PullStatus,
         track.commit, track.total = plan.commit, plan.total_bytes
         ask = PullAsk(model, ref.repo, plan.commit, plan.total_bytes, prefer=(host.node_id,))
         reply = await host.ask(ask)
+        until = trio.current_time() + INFO_WAIT_S
+        while _pending(reply) and trio.current_time() < until:
+            yield track.status(host.state, host.readings(), "checking")
+            await trio.sleep(STATUS_INTERVAL_S)
+            reply = await host.ask(ask)
         if isinstance(reply, ControlRefused):
             raise PullFailed(reply.code, reply.message)
     while True:
@@ -177,6 +186,11 @@ async def pull_statuses(host: PullHost, name: str) -> AsyncGenerator[PullStatus,
             return
         with trio.move_on_after(STATUS_INTERVAL_S):
             await host.wait_change(seen)
+
+
+def _pending(reply: ControlReply) -> bool:
+    """Whether the leader could not decide yet for want of store readings."""
+    return isinstance(reply, ControlRefused) and reply.code == "placement_info_pending"
 
 
 class _Tracker:

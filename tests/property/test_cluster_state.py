@@ -23,17 +23,22 @@ from skulk.wire.cluster import (
     ClusterConfig,
     DeleteInstance,
     DemoSource,
+    DownloadFailed,
+    HubSource,
+    ImportedSource,
     ModelCard,
     NodeStatusChanged,
     PathSource,
     PlaceInstance,
     RegisterModel,
     Rejected,
+    ReleaseModel,
     RemoveNode,
     ReportRunner,
     SetConfig,
     SetInstanceStatus,
     Shard,
+    StartDownload,
     UpsertNode,
 )
 from skulk.wire.raft import Entry, EntryKind
@@ -49,7 +54,12 @@ def _cards(dim: st.SearchStrategy[int]) -> st.SearchStrategy[ModelCard]:
     return st.builds(
         ModelCard,
         MODELS,
-        st.one_of(st.builds(DemoSource, SMALL), st.builds(PathSource, st.just("/w"))),
+        st.one_of(
+            st.builds(DemoSource, SMALL),
+            st.builds(PathSource, st.just("/w")),
+            st.builds(HubSource, st.just("org/m"), st.just("c" * 40)),
+            st.builds(ImportedSource, st.just("/w")),
+        ),
         st.builds(Architecture, st.just("llama"), dim, dim, dim, dim, dim),
         st.integers(-1, 10**9),
         dim,
@@ -115,6 +125,11 @@ def commands(state: State, *, wild: bool = True) -> st.SearchStrategy[ClusterCom
         st.builds(SetInstanceStatus, INSTANCES, st.sampled_from(["placed", "failed"]), TIMES),
         reports(state),
         st.builds(SetConfig, st.builds(ClusterConfig, floor_bytes=st.integers(-1, 10))),
+        st.builds(ReleaseModel, MODELS, NODES),
+        st.builds(StartDownload, MODELS, st.just("org/m"), st.just("c" * 40), NODES, SMALL, TIMES),
+        st.builds(
+            DownloadFailed, MODELS, NODES, st.sampled_from(["disk_full", ""]), st.just(""), TIMES
+        ),
     ]
     if wild:
         pool.append(st.from_type(ClusterCommand))  # type: ignore[arg-type]
@@ -127,6 +142,7 @@ def check_invariants(state: State) -> None:
         (state.models, lambda x: x.id),
         (state.instances, lambda x: x.id),
         (state.runners, lambda x: (x.instance, x.rank)),
+        (state.downloads, lambda x: (x.model, x.node)),
     ]:
         keys = [key(i) for i in items]
         assert keys == sorted(set(keys)), "collections are sorted by a unique key"
@@ -148,6 +164,12 @@ def check_invariants(state: State) -> None:
             expected_runners.add((instance.id, shard.rank, shard.node))
     actual = {(r.instance, r.rank, r.node) for r in state.runners}
     assert actual == expected_runners, "one runner record per (instance, rank), on its node"
+    running = [d.model for d in state.downloads if d.status == "downloading"]
+    assert len(running) == len(set(running)), "at most one node downloads a model"
+    for download in state.downloads:
+        assert state.model(download.model) is None, "a model with a card downloads no more"
+        assert state.node(download.node) is not None, "a removed node takes its downloads"
+        assert (download.status == "failed") == (download.reason is not None)
 
 
 def step(state: State, command: ClusterCommand) -> State:

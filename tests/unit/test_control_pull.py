@@ -14,7 +14,7 @@ import trio.testing
 from skulk.cluster import State, apply
 from skulk.control import PullFailed, PullStatus, hub_model_id
 from skulk.control._control import model_id
-from skulk.control._pull import decide_pull, pull_statuses
+from skulk.control._pull import INFO_WAIT_S, decide_pull, pull_statuses
 from skulk.hub import HubPlan, HubRef, RepoNotFound
 from skulk.wire.cluster import (
     Applied,
@@ -220,3 +220,38 @@ async def test_a_model_already_held_everywhere_is_done_at_once(
     phases = [s.phase async for s in pull_statuses(host, "org/m")]
     assert phases == ["checking", "done"] and host.checks == 0 and host.asked == []
     assert attrs.has(PullStatus)
+
+
+class SlowLeader(Host):
+    """A leader with no store reading for the first ``pending`` asks (a cluster just started)."""
+
+    def __init__(self, state: State, pending: int) -> None:
+        super().__init__(state, {})
+        self.pending = pending
+
+    async def ask(self, call: ControlCall) -> ControlReply:
+        if self.pending:
+            self.pending -= 1
+            self.asked.append(call)
+            return ControlRefused("placement_info_pending", "no store reading yet")
+        return await super().ask(call)
+
+
+async def test_a_pull_asks_again_while_the_leader_has_no_store_reading(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    host = SlowLeader(cluster("a", "b"), pending=3)
+    statuses = pull_statuses(host, "org/m")
+    phases = [(await statuses.__anext__()).phase for _ in range(5)]
+    await statuses.aclose()
+    assert phases == ["checking"] * 4 + ["downloading"]
+    assert len(host.asked) == 4 and host.checks == 1  # checked once, asked until answered
+    assert host.state.download("org/m") is not None
+    never = SlowLeader(cluster("a", "b"), pending=10**6)
+    start = trio.current_time()
+    with pytest.raises(PullFailed) as failed:
+        async for _ in pull_statuses(never, "org/m"):
+            pass
+    assert failed.value.reason == "placement_info_pending"
+    assert trio.current_time() - start >= INFO_WAIT_S  # the mock clock's time
+    assert len(never.asked) > 1 and never.state.downloads == ()
