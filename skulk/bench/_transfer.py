@@ -8,12 +8,16 @@ safetensors file of ``mib`` MiB in 64 tensors (random bytes) plus a ``config.jso
 round fetches every tensor into a fresh data dir (:func:`~skulk.transfer.fetch_model`: rpc,
 credit-controlled chunks (1 MiB by default), sha256 of every tensor, fsync, the record), and
 copies the same file with ``shutil.copyfile`` (and once more followed by an fsync, which the
-fetch does too). Rounds are interleaved; medians are reported, with the ratios fetch ÷ copy.
+fetch does too), and once more in Python as the fetch handles the bytes it receives (1 MiB
+reads, sha256 of every tensor, writes at their offsets, fsync: a *verified copy*, the cost of
+the verification alone with no link). Rounds are interleaved; medians are reported, with the
+ratios fetch ÷ copy, and the fetching process's CPU seconds during a fetch (all its threads).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -107,7 +111,7 @@ async def _fetch_rounds(
     copy: Path,
     fsync_copy: Path,
     policy: FetchPolicy,
-) -> list[tuple[float, float, float]]:
+) -> list[tuple[float, float, float, float, float]]:
     client: WeightClient | None = None
 
     async def streams(peer: str, receiver: DataReceiver) -> None:
@@ -118,7 +122,7 @@ async def _fetch_rounds(
     client = WeightClient(mesh)
     remote = attrs.evolve(card, source=PathSource("/nonexistent/bench-weights"))
     shard = ShardSlice("single", 0, _TENSORS, _TENSORS)
-    results: list[tuple[float, float, float]] = []
+    results: list[tuple[float, float, float, float, float]] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(mesh.run)
         with trio.fail_after(30):
@@ -126,10 +130,13 @@ async def _fetch_rounds(
                 await trio.sleep(0.01)
         for home in homes:
             copied, copied_fsync = await trio.to_thread.run_sync(_copies, source, copy, fsync_copy)
-            start = time.perf_counter()
+            await trio.to_thread.run_sync(_clean_files, copy, fsync_copy)
+            verified = await trio.to_thread.run_sync(_verified_copy, source, copy)
+            start, cpu = time.perf_counter(), time.process_time()
             await fetch_model(client, remote, shard, home, policy=policy)
             fetched = time.perf_counter() - start
-            results.append((fetched, copied, copied_fsync))
+            cpu = time.process_time() - cpu
+            results.append((fetched, copied, copied_fsync, verified, cpu))
             await trio.to_thread.run_sync(_clean, home, copy, fsync_copy)
         nursery.cancel_scope.cancel()
     return results
@@ -147,10 +154,38 @@ def _copies(source: Path, copy: Path, fsync_copy: Path) -> tuple[float, float]:
     return copied, time.perf_counter() - start
 
 
+def _verified_copy(source: Path, copy: Path, chunk: int = 1 << 20) -> float:
+    """Seconds to copy ``source`` as a fetch writes what it receives: ``chunk``-sized
+    reads, the sha256 of each of the 64 tensor-sized pieces, writes at their offsets, fsync.
+    The floor of a verified fetch on this machine, with no link."""
+    size = source.stat().st_size
+    piece = max(1, size // _TENSORS)
+    start = time.perf_counter()
+    with open(source, "rb") as src, open(copy, "wb") as dst:
+        hasher, in_piece, at = hashlib.sha256(), 0, 0
+        while data := src.read(chunk):
+            view = memoryview(data)
+            while view:
+                take = view[: piece - in_piece]
+                os.pwrite(dst.fileno(), take, at)
+                hasher.update(take)
+                at, in_piece, view = at + len(take), in_piece + len(take), view[len(take) :]
+                if in_piece == piece:
+                    hasher.digest()
+                    hasher, in_piece = hashlib.sha256(), 0
+        hasher.digest()
+        os.fsync(dst.fileno())
+    return time.perf_counter() - start
+
+
+def _clean_files(*files: Path) -> None:
+    for f in files:
+        f.unlink(missing_ok=True)
+
+
 def _clean(home: Path, *files: Path) -> None:
     shutil.rmtree(home)
-    for f in files:
-        f.unlink()
+    _clean_files(*files)
 
 
 def run(
@@ -204,6 +239,7 @@ def run(
     fetch = statistics.median(mb / r[0] for r in results)
     copy = statistics.median(mb / r[1] for r in results)
     copy_fsync = statistics.median(mb / r[2] for r in results)
+    verified = statistics.median(mb / r[3] for r in results)
     return {
         "bytes": size,
         "chunk_bytes": chunk_kib * 1024,
@@ -215,6 +251,9 @@ def run(
         "copy_fsync_mb_s": round(copy_fsync, 1),
         "fetch_vs_copy": round(fetch / copy, 3),
         "fetch_vs_copy_fsync": round(fetch / copy_fsync, 3),
+        "verified_copy_mb_s": round(verified, 1),
+        "fetch_vs_verified_copy": round(fetch / verified, 3),
+        "fetch_cpu_s": round(statistics.median(r[4] for r in results), 3),
         "fetch_s": [round(r[0], 3) for r in results],
         "copy_s": [round(r[1], 3) for r in results],
     }

@@ -111,6 +111,14 @@ def _stored_manifest(directory: Path, _home: Path) -> LocalManifest:
     return LocalManifest(manifest, body, manifest_sha256(body), stamps)
 
 
+@attrs.frozen
+class _Chunk:
+    """A chunk read for a stream: its ``TransferBytes`` encoding and how many file bytes."""
+
+    encoded: bytes
+    size: int
+
+
 class _Refuse(Exception):
     """A stream cannot go on: sent as ``TransferFailed(reason, message)``."""
 
@@ -195,6 +203,12 @@ class WeightServer:
         if len(data) != end - start:
             raise OSError(f"{path.name} is shorter than the manifest says")
         return data
+
+    def _read_chunk(self, path: Path, start: int, end: int) -> _Chunk:
+        """:meth:`read_range`, encoded as a ``TransferBytes`` item (worker thread)."""
+        return _Chunk(
+            ITEM_CODEC.encode(TransferBytes(self.read_range(path, start, end))), end - start
+        )
 
     # ---- rpc ----
 
@@ -400,7 +414,7 @@ class WeightServer:
         except (_Refuse, StreamStopped, PeerUnreachable, trio.TooSlowError) as exc:
             return exc
         outcome: Exception | None = None
-        chunks_in, chunks_out = trio.open_memory_channel[bytes | _Refuse](_READ_AHEAD)
+        chunks_in, chunks_out = trio.open_memory_channel[_Chunk | _Refuse](_READ_AHEAD)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_when_closed, link, nursery.cancel_scope)
             nursery.start_soon(self._read_all, directory / request.file, request, chunks_in)
@@ -408,8 +422,8 @@ class WeightServer:
                 async for item in chunks_out:
                     if isinstance(item, _Refuse):
                         raise item
-                    await self._send(sender, ITEM_CODEC.encode(TransferBytes(item)))
-                    self.bytes_sent += len(item)
+                    await self._send(sender, item.encoded)
+                    self.bytes_sent += item.size
                 await self._send(sender, ITEM_CODEC.encode(TransferEnd()), end=True)
             except (_Refuse, StreamStopped, PeerUnreachable, trio.TooSlowError) as exc:
                 outcome = exc
@@ -419,17 +433,18 @@ class WeightServer:
         return outcome
 
     async def _read_all(
-        self, path: Path, request: RangeRequest, out: trio.MemorySendChannel[bytes | _Refuse]
+        self, path: Path, request: RangeRequest, out: trio.MemorySendChannel[_Chunk | _Refuse]
     ) -> None:
-        """Read the ranges chunk by chunk into ``out`` (one chunk ahead of the sender); a read
-        failure is the last item."""
+        """Read the ranges chunk by chunk into ``out`` (one chunk ahead of the sender), each
+        encoded as its ``TransferBytes`` item on the worker thread that read it (a copy of
+        every byte the Trio thread does not make); a read failure is the last item."""
         async with out:
             for r in request.ranges:
                 for at in range(r.start, r.end, self._chunk):
                     end = min(r.end, at + self._chunk)
                     try:
                         data = await trio.to_thread.run_sync(
-                            self.read_range, path, at, end, limiter=self._limiter
+                            self._read_chunk, path, at, end, limiter=self._limiter
                         )
                     except OSError as exc:
                         await out.send(_Refuse("read_failed", f"{path.name}: {exc}"[:300]))

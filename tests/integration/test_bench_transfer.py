@@ -30,6 +30,17 @@ def test_transfer_bench_reports_its_settings_and_ratios() -> None:
     assert result["chunk_bytes"] == 64 * 1024 and result["rounds"] == 1
     assert result["streams_per_holder"] == 2 and result["batch_bytes"] == 1024 * 1024
     assert result["bytes"] > 1024 * 1024
-    for key in ("fetch_mb_s", "copy_mb_s", "copy_fsync_mb_s", "fetch_vs_copy"):
+    for key in ("fetch_mb_s", "copy_mb_s", "copy_fsync_mb_s", "fetch_vs_copy",
+                "verified_copy_mb_s", "fetch_vs_verified_copy"):  # fmt: skip
         assert result[key] > 0, key
+    assert result["fetch_cpu_s"] >= 0
     assert len(result["fetch_s"]) == 1
+
+
+def test_the_verified_copy_copies_every_byte(tmp_path: Path) -> None:
+    from skulk.bench._transfer import _verified_copy
+
+    data = os.urandom(3 * 1024 * 1024 + 12345)  # pieces and reads that do not line up
+    (tmp_path / "src").write_bytes(data)
+    assert _verified_copy(tmp_path / "src", tmp_path / "dst", chunk=100_000) >= 0
+    assert (tmp_path / "dst").read_bytes() == data
