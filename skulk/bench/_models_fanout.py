@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,18 @@ def _round(root: Path, url: str, n: int) -> float:
             home.mkdir()
             join = ("--join", nodes[0].ws_url) if nodes else ()
             args = ("--log-level", "warning", "--model", "none", *join)
-            nodes.append(NodeProcess(home, *args, env=env).start())
+            nodes.append(NodeProcess(home, *args, env=env).start(wait_ready=False))
         last = nodes[-1]
         # Every node in the State and publishing its store (the leader chooses by it).
         last.wait_for(lambda: _ready(last, n), 120, f"{n} nodes with stores")
-        reply = last.post("/v1/pulls", json={"model": REPO, "stream": False}, timeout=DEADLINE)
-        reply.raise_for_status()
+        answers: list[httpx.Response] = []
+        pulling = threading.Thread(
+            target=lambda: answers.append(
+                last.post("/v1/pulls", json={"model": REPO, "stream": False}, timeout=DEADLINE)
+            ),
+            daemon=True,
+        )
+        pulling.start()  # the pull answers once every node holds the model: watch meanwhile
         end = time.perf_counter() + DEADLINE
         registered: float | None = None
         while time.perf_counter() < end:
@@ -64,7 +71,8 @@ def _round(root: Path, url: str, n: int) -> float:
             time.sleep(POLL)
         else:
             raise AssertionError(f"{n} nodes did not hold {REPO} in time")
-        # The pull answered once every node held it: what it waited is the upper bound.
+        pulling.join(DEADLINE)
+        assert answers and answers[0].status_code == 200, answers and answers[0].text
         assert registered is not None
         return now - registered
     finally:

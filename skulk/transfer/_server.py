@@ -80,6 +80,11 @@ from ._protocol import (
     cancel_when_closed,
 )
 
+#: How often a request for a model this node's State does not know yet looks again.
+CARD_POLL_S = 0.05
+#: How long such a request waits for the State to catch up before it is refused.
+CARD_WAIT_S = 2.0
+
 log = logging.getLogger("skulk.transfer")
 
 
@@ -282,9 +287,21 @@ class WeightServer:
         nursery.start_soon(self._serve, peer, link, sender, request, directory, stamp)
         return REPLY_CODEC.encode(RangesAccepted(request.request_id, length))
 
+    async def _card_soon(self, model: str) -> ModelCard | None:
+        """``model``'s card once this node's State has it, within :data:`CARD_WAIT_S`: a peer
+        that learned of a card first (the leader applies a commit before its followers) asks
+        a holder a moment before the holder has applied it."""
+        with trio.move_on_after(CARD_WAIT_S):
+            while (card := self._models(model)) is None:  # noqa: ASYNC110 - the State has no event here
+                await trio.sleep(CARD_POLL_S)
+            return card
+        return None
+
     async def _holding(self, model: str, sha: str) -> tuple[Path, LocalManifest]:
         """This node's directory and manifest of ``model`` at manifest ``sha``, or a refusal."""
         card = self._models(model)
+        if card is None:
+            card = await self._card_soon(model)
         if card is None:
             raise RpcFailed("unknown_model", f"no model {model[:128]!r} in this node's State")
         if card.manifest_sha256 is None:

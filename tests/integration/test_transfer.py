@@ -592,6 +592,30 @@ async def test_the_server_refuses_what_it_must_not_serve(
         assert REPLY_CODEC.decode(answer) == RangesAccepted("r", 12)
 
 
+async def test_a_request_for_a_card_the_holder_has_not_applied_yet_waits_for_it(
+    tmp_path: Path, manifest: LocalManifest, card: ModelCard
+) -> None:
+    """The fetcher's State may have a card a moment before the holder's (the leader applies
+    a commit first): the holder waits for its State a little, then serves."""
+    cards: dict[str, ModelCard] = {}
+    async with cluster(tmp_path, cards) as nodes:
+        link = nodes["node-c"].mesh.link("node-a")
+        assert link is not None
+        entry = next(f for f in manifest.manifest.files if f.name.endswith(".safetensors"))
+        request = RangeRequest("r", "gen", manifest.sha256, entry.name, (ByteRange(0, 8),))
+        answers: list[bytes] = []
+
+        async def ask() -> None:
+            answers.append(await link.call(RANGES_METHOD, REQUEST_CODEC.encode(request), WITHIN))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.sleep(0.3)
+            assert answers == []  # waiting for its State
+            cards["gen"] = card  # the holder applies the card
+        assert REPLY_CODEC.decode(answers[0]) == RangesAccepted("r", 8)
+
+
 async def test_the_server_bounds_streams_per_peer(
     tmp_path: Path, manifest: LocalManifest, card: ModelCard
 ) -> None:
