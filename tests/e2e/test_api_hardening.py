@@ -196,7 +196,7 @@ async def test_websocket_surrogate_fails_only_that_request(server: NodeProcess) 
         ("POST", "/v1/messages", 400),  # the anthropic client's route: no messages, no max_tokens
         ("POST", "/v1/responses", 400),  # no input
         ("POST", "/api/embed", 400),  # the ollama client's embeddings route: no model, no input
-        ("POST", "/api/pull", 404),  # an Ollama route we do not serve
+        ("POST", "/api/pull", 400),  # Ollama's pull: skulk-demo is no Hub id
         ("POST", "/api/generate", 200),  # no prompt: Ollama's "load the model", answered at once
         ("POST", "/health", 405),
         ("GET", "/v1/models", 200),  # a route that never reads a body

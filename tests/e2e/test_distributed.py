@@ -18,7 +18,7 @@ import pytest
 
 from skulk.cluster import PlacementPolicy, model_needs
 from skulk.harness import NodeProcess
-from skulk.models import ensure_demo_model
+from skulk.models import ensure_demo_model, local_manifest
 from skulk.models._card import card_from_directory
 from skulk.models._generated import ModelShape, write_generated_model
 from skulk.wire.cluster import ClusterConfig, PathSource
@@ -117,8 +117,9 @@ def test_a_model_no_node_fits_is_served_by_two_from_a_third_nodes_weights(
     # Each of B and C holds only about its own shard's share of the weights, fetched from A
     # (sparse files: the blocks on disk are what was written).
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    staging = "peer-" + local_manifest(model_dir).sha256  # the store's fetch staging
     for node in (b, c):
-        fetched = node.home / "models" / ".peer" / "big-llama"
+        fetched = node.home / "store" / "staging" / staging
         on_disk = sum(f.stat().st_blocks * 512 for f in fetched.glob("*.safetensors"))
         assert 0.3 * weights < on_disk < 0.75 * weights, (node.node_id, on_disk, weights)
     # Served through A's API (A runs no rank) to the official client: the tokens one process

@@ -122,16 +122,23 @@ def test_a_pull_through_c_downloads_each_file_once_and_every_node_holds_it(
 
 
 def greedy(node: NodeProcess, model: str) -> str:
-    reply = node.post(
-        "/v1/chat/completions",
-        json={
-            "model": model,
-            "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": 16,
-            "temperature": 0,
-        },
-        timeout=120,
-    )
+    """The greedy answer through ``node`` (its router may see the new instance ready a moment
+    after the State does: ``model_not_ready`` is asked again)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    replies: list[httpx.Response] = []
+
+    def answered() -> bool:
+        reply = node.post("/v1/chat/completions", json=body, timeout=120)
+        replies.append(reply)
+        return reply.status_code != 503
+
+    node.wait_for(answered, 60, "an answer")
+    reply = replies[-1]
     assert reply.status_code == 200, reply.text
     return str(reply.json()["choices"][0]["message"]["content"])
 
