@@ -175,16 +175,17 @@ class ModelDuties:
             for d in state.downloads
             if d.node == self.node_id and d.status == "downloading"
         }
-        spreads = {card.id: holders for card, holders in self._spreads(state)}
+        spreads = self._spreads(state)
+        wanted = {card.id for card, _ in spreads}
         for key, scope in list(self._tasks.items()):
             kind, model = key
-            if (kind == "hub" and model not in mine) or (kind == "peers" and model not in spreads):
+            if (kind == "hub" and model not in mine) or (kind == "peers" and model not in wanted):
                 scope.cancel()
                 del self._tasks[key]
         for model, download in mine.items():
             if ("hub", model) not in self._tasks:
                 self._start(nursery, ("hub", model), partial(self._download, download))
-        for card, holders in self._spreads(state):
+        for card, holders in spreads:
             if ("peers", card.id) not in self._tasks:
                 self._start(nursery, ("peers", card.id), partial(self._spread, card, holders))
 
