@@ -90,6 +90,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("collective_timeout", float,
            "seconds one distributed step (a collective) may take before the rank is declared "
            "wedged and the instance re-placed; 0 disables (not for production)", _seconds),
+    Option("rank_pause_timeout", float,
+           "seconds the process of a pipeline/tensor rank may be stopped by a signal "
+           "(SIGSTOP) before the rank fails runner_paused and its node is blamed; kept under "
+           "half the collective timeout; 0 disables (not for production)", _seconds),
     Option("route_idle_timeout", float,
            "seconds a request routed to another node may wait for the next chunk of its "
            "answer (the serving node sends a keepalive every 2 s) before it fails "

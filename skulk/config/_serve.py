@@ -52,6 +52,7 @@ class ServeConfig:
     # a rank of a pipeline/tensor instance (seconds; 0 disables: only for repro --break runs)
     group_connect_timeout: float = 60.0
     collective_timeout: float = 20.0
+    rank_pause_timeout: float = _RUNNER.rank_pause_timeout
     # the remote hop and the node links (seconds; 0 disables: only for repro --break runs); the
     # defaults are RouteTimeouts().idle and LinkConfig().liveness_timeout
     route_idle_timeout: float = 10.0
@@ -196,6 +197,7 @@ class ServeConfig:
             cancel_timeout=self.cancel_timeout,
             shutdown_grace=self.shutdown_grace,
             heartbeat_interval=self.heartbeat_interval,
+            rank_pause_timeout=self.rank_pause_timeout,
             faults=self.runner_faults,
             kv_cache_bytes=self.kv_cache_memory,
             prefix_cache_bytes=self.prefix_cache_memory,

@@ -5,8 +5,10 @@ never joins it, and a serving node that falls silent mid-stream. Each runs a rea
 
 Deadlines and detectors, so the breakages are honest negative controls:
 
-* a **stopped** rank never answers: only deadlines notice it — rank 0's collective watchdog
-  (``--collective-timeout``) and the stopped rank's own node (``--progress-timeout``);
+* a **stopped** rank never answers: only deadlines notice it — first the stopped rank's own
+  node, which reads the process state (``--rank-pause-timeout``, kept under half the
+  collective deadline, so that node is blamed), then rank 0's collective watchdog
+  (``--collective-timeout``) and the stopped rank's progress deadline (``--progress-timeout``);
 * a **killed** rank closes its sockets: its peers' next collective fails at once
   (``collective_failed``) and its node sees its runner exit (``runner_crashed``) — no deadline
   and no flag is involved. What a flag *can* take away is the recovery: the re-placement needs a
@@ -35,6 +37,7 @@ from skulk.repro._cluster_steps import (
     only_runner,
     place,
     replacement_line,
+    runner_failed_line,
     start_cluster,
     strikes,
     timeline_of,
@@ -62,11 +65,6 @@ CLUSTER_FLAGS = {
 MEMORY = {1: {"memory-limit": "6G"}, 2: {"memory-limit": "3G"}}
 
 
-def _step_of(message: object) -> int | None:
-    m = re.search(r"at step (\d+)", str(message))
-    return int(m[1]) if m else None
-
-
 def _rank_nodes(s: Session, ranks: tuple[str, ...]) -> list[Node]:
     nodes = [s.by_id(node_id) for node_id in ranks]
     s.require("every rank's node is one of ours", all(n is not None for n in nodes), str(ranks))
@@ -89,6 +87,25 @@ def check_fresh_addresses(s: Session, old: InstanceView, new: InstanceView) -> N
         new.id != old.id and bool(replacement) and not replacement & old.addresses,
         f"{old.describe()} -> re-placed at {sorted(replacement) or 'no logged re-placement'}; "
         f"serving now: {new.describe()}",
+    )
+
+
+#: How a stream ends when a rank of its instance stalls: rank 0 lost its peer (the stopped
+#: rank's node killed it), rank 0's collective deadline fired, or the leader re-placed the
+#: instance first and rank 0 was stopped.
+STALL_ERRORS = frozenset({"collective_failed", "collective_timeout", "runner_stopped"})
+
+
+def _check_blamed(s: Session, old: InstanceView, culprit: Node) -> None:
+    """Check that ``culprit``'s node failed its rank ``runner_paused`` and the leader struck
+    that node for instance ``old`` (so a node whose ranks keep stalling is kept out)."""
+    failed = runner_failed_line(culprit, "runner_paused")
+    blamed = [node for node, instance, _ in strikes(s.nodes) if instance == old.id]
+    s.require(
+        "the leader blamed the stopped rank's node",
+        bool(failed) and blamed == [culprit.node_id],
+        f"{culprit.name} logged: {failed[0] if failed else 'no runner_paused failure'}; "
+        f"nodes blamed: {blamed or 'none'}",
     )
 
 
@@ -118,8 +135,8 @@ def _rank_stopped_mid_decode(s: Session) -> None:
         out.describe(),
     )
     s.require(
-        "the stream ended with the typed error collective_timeout",
-        out.error_code == "collective_timeout",
+        "the stream ended with a typed error",
+        out.error_code in STALL_ERRORS,
         out.describe(),
     )
     after = out.ended - stopped_at[0]
@@ -127,31 +144,22 @@ def _rank_stopped_mid_decode(s: Session) -> None:
         "the error came within the collective deadline",
         after <= limit,
         f"{after:.1f}s after the SIGSTOP (allowed --collective-timeout {deadline:g}s + "
-        f"{MARGIN:g}s): {out.error.get('message') if out.error else ''}",
+        f"{MARGIN:g}s): {out.error_code}: {out.error.get('message') if out.error else ''}",
     )
     s.check("the stream was closed by data: [DONE]", out.done, out.problem or "[DONE]")
-    step = _step_of(out.error.get("message") if out.error else None)
-    fired = [e for e in timeline_of(s, old.id, rank=0, kind="deadline") if "collective" in e.detail]
-    collectives = timeline_of(s, old.id, kind="collective")
-    at_step = [e.detail for e in collectives if step is not None and f" step {step} " in e.detail]
-    last = {e.rank: e.detail for e in collectives}  # each rank's last traced collective
+    paused = [e.detail for e in timeline_of(s, old.id, rank=1, kind="deadline")]
+    waited = [e.detail for e in timeline_of(s, old.id, rank=0, kind="deadline")]
     s.check(
-        "the cluster timeline shows rank 0's collective deadline and the step it stalled at",
-        bool(fired) and bool(at_step),
-        f"rank 0: '{fired[0].detail}' at step {step}: {at_step}; last traced per rank: {last}"
-        if fired
-        else f"no collective deadline of rank 0 caught; at step {step}: {at_step}",
+        "the cluster timeline shows the deadline that fired",
+        any("rank_pause_timeout" in d for d in paused)
+        or any("collective_timeout" in d for d in waited),
+        f"rank 1: {paused or 'no deadline'}; rank 0: {waited or 'no deadline'}",
     )
-    check_failure_logged(s, first, "rank 0", "collective_timeout")
     new = wait_serving(s, "the leader re-placed the instance and it serves again", not_ids={old.id})
     check_fresh_addresses(s, old, new)
     line = replacement_line(s.nodes, old.id)
-    blamed = [node for node, instance, _ in strikes(s.nodes) if instance == old.id]
-    s.check(
-        "the leader logged the re-placement",
-        line is not None,
-        f"{line}; nodes blamed: {blamed or 'none'}" if line else "no such line",
-    )
+    s.check("the leader logged the re-placement", line is not None, line or "no such line")
+    _check_blamed(s, old, second)
     expect_gone(
         s,
         {stopped: "the stopped rank 1", survivor: "rank 0"},
@@ -387,9 +395,10 @@ def fresh_through(s: Session, via: Node, serving: Node) -> bool:
 DISTRIBUTED: tuple[Scenario, ...] = (
     Scenario(
         "rank-stopped-mid-decode",
-        "rank 1 of a 2-node pipeline is SIGSTOPped mid-decode: rank 0's collective deadline "
-        "ends the stream with collective_timeout, the leader re-places the instance, no runner "
-        "of it is left, a fresh request succeeds",
+        "rank 1 of a 2-node pipeline is SIGSTOPped mid-decode: its node sees the process "
+        "stopped and fails it runner_paused, the stream ends with a typed error, the leader "
+        "blames that node and re-places the instance, no runner of it is left, a fresh "
+        "request succeeds",
         _rank_stopped_mid_decode,
         flags=CLUSTER_FLAGS,
         budget_s=150.0,
@@ -431,9 +440,17 @@ DISTRIBUTED: tuple[Scenario, ...] = (
 DISTRIBUTED_BREAKS: tuple[Break, ...] = (
     Break(
         "collective-watchdog",
-        "no collective deadline and no progress deadline (--collective-timeout 0 "
-        "--progress-timeout 0): a stopped rank goes unnoticed; rank-stopped-mid-decode fails",
-        {"collective-timeout": "0", "progress-timeout": "0"},
+        "no collective, progress or pause deadline (--collective-timeout 0 --progress-timeout "
+        "0 --rank-pause-timeout 0): a stopped rank goes unnoticed; rank-stopped-mid-decode "
+        "fails",
+        {"collective-timeout": "0", "progress-timeout": "0", "rank-pause-timeout": "0"},
+    ),
+    Break(
+        "rank-pause-watch",
+        "no pause deadline (--rank-pause-timeout 0): rank 0's collective deadline still ends "
+        "the stream, but nobody is blamed, so a node whose ranks keep stalling is never kept "
+        "out; rank-stopped-mid-decode fails",
+        {"rank-pause-timeout": "0"},
     ),
     Break(
         "one-compute-port",

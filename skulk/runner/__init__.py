@@ -23,6 +23,7 @@ from skulk.runner._errors import (
     RequestRejected,
     RunnerCrashed,
     RunnerError,
+    RunnerPaused,
     RunnerWedged,
     WarmupTimeout,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "RunnerConfig",
     "RunnerCrashed",
     "RunnerError",
+    "RunnerPaused",
     "RunnerStatistics",
     "RunnerWedged",
     "WarmupTimeout",

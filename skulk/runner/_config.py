@@ -31,7 +31,10 @@ class RunnerConfig:
     """Deadlines (seconds) and settings of one runner process.
 
     ``progress_timeout = 0`` disables the progress deadline (a wedged runner then hangs its
-    requests: only for experiments). ``faults`` is a fault-hook spec (see
+    requests: only for experiments). ``rank_pause_timeout``: how long the process of a rank of a
+    sharded instance may be stopped by a signal before the rank fails ``runner_paused`` (kept
+    under half the collective deadline; ``0`` disables; see :mod:`skulk.runner._pause`).
+    ``faults`` is a fault-hook spec (see
     :mod:`skulk.engine.faults`), empty in production. ``kv_cache_bytes``,
     ``prefix_cache_bytes``, ``kv_waiting`` and ``speculative_tokens`` go to the runner in its
     ``Load`` (``None``: the runner's defaults; see :class:`~skulk.wire.runner.Load`).
@@ -44,6 +47,7 @@ class RunnerConfig:
     cancel_timeout: float = 5.0
     shutdown_grace: float = 5.0
     heartbeat_interval: float = 1.0
+    rank_pause_timeout: float = 3.0
     faults: str = ""
     python: str = sys.executable
     kv_cache_bytes: int | None = None
@@ -59,6 +63,7 @@ class RunnerConfig:
             "progress_timeout": self.progress_timeout,
             "cancel_timeout": self.cancel_timeout,
             "shutdown_grace": self.shutdown_grace,
+            "rank_pause_timeout": self.rank_pause_timeout,
         }
 
 

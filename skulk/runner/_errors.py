@@ -131,6 +131,15 @@ class CollectiveFailed(RunnerError):
     retryable = False
 
 
+class RunnerPaused(RunnerError):
+    """The rank's process was stopped by a signal (SIGSTOP, a debugger) for its pause deadline
+    (see :mod:`skulk.runner._pause`): it stalls its whole compute group, and it is the culprit
+    its peers cannot name."""
+
+    reason = "runner_paused"
+    retryable = False
+
+
 class GroupStopped(RunnerError):
     """Rank 0 ended the compute group (its node stopped the instance's rank 0), so this rank
     exited with it."""

@@ -23,9 +23,12 @@ stopped or wedged), :class:`CollectiveFailed` (a peer's connection was lost),
 :class:`GroupStopped` (rank 0 ended the group); the runner's ``CollectiveTrace`` entries go into
 the flight recorder with the runner's wall-clock times. None of these is retryable: a rank is
 never relaunched on its own. Its progress deadline holds whenever it serves, requests or not
-(every rank of a sharded instance beats from its loop), so a SIGSTOPped rank is reported
-wedged by its own node. Only rank 0 takes requests: :meth:`Runner.open_request` refuses on any
-other rank with ``RequestRejected("not_rank_zero")``.
+(every rank of a sharded instance beats from its loop), and a rank whose process is stopped by
+a signal fails :class:`RunnerPaused` within ``rank_pause_timeout`` (the process state, read by
+:class:`~skulk.runner._pause.PauseWatch`, does not depend on the runner's loop): its node
+reports it as the culprit before its peers' collective deadlines fire. Only rank 0 takes
+requests: :meth:`Runner.open_request` refuses on any other rank with
+``RequestRejected("not_rank_zero")``.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from contextlib import asynccontextmanager
 import trio
 
 from skulk.runner._config import Phase, RunnerConfig, RunnerStatistics
-from skulk.runner._errors import RunnerCrashed, RunnerError
+from skulk.runner._errors import RunnerCrashed, RunnerError, RunnerPaused
 from skulk.runner._group import reap, spawn
 from skulk.runner._lifecycle import Lifecycle
 from skulk.runner._link import RunnerLink
 from skulk.runner._output import RunnerOutput
+from skulk.runner._pause import PauseWatch, pause_deadline
 from skulk.runner._pump import FramePump
 from skulk.runner._recorder import FlightEvent, FlightRecorder
 from skulk.runner._request_table import RequestEvent, RequestTable
@@ -96,7 +100,7 @@ class Runner:
         self.recorder = FlightRecorder()
         self._proc: trio.Process | None = None
         self._exit_code: int | None = None
-        who = f"runner {model_id}#{incarnation}"
+        self._who = who = f"runner {model_id}#{incarnation}"
         self._lifecycle = Lifecycle(self.recorder, lambda: on_phase(self) if on_phase else None)
         self._output = RunnerOutput(who)
         self._link = RunnerLink()
@@ -246,6 +250,13 @@ class Runner:
                     assert proc.stdout is not None and proc.stderr is not None
                     nursery.start_soon(self._output.drain, proc.stdout, proc.pid)
                     nursery.start_soon(self._output.drain, proc.stderr, proc.pid)
+                    if self.shard is not None and (
+                        paused := pause_deadline(
+                            self.config.rank_pause_timeout, self.shard.collective_timeout
+                        )
+                    ):
+                        watch = PauseWatch(self._who, proc.pid, paused, self.recorder)
+                        nursery.start_soon(watch.watch)
                     frames = self._link.frames()
                     await self._startup.run(frames, proc)
                     nursery.start_soon(self._watchdog.watch)
@@ -284,13 +295,15 @@ class Runner:
         if self.phase != "failed":
             self._lifecycle.move("stopping")
         leaving = self._pump.leaving
-        bound = (3 if graceful or leaving else 2) * self.config.shutdown_grace + 1
+        # A stopped process acts on no signal but SIGKILL: no grace to give it.
+        grace = 0.0 if isinstance(self.failure, RunnerPaused) else self.config.shutdown_grace
+        bound = (3 if graceful or leaving else 2) * grace + 1
         with trio.move_on_after(bound, shield=True):
             self._table.end_all(self.failure.reason if self.failure else "runner_stopped")
             await reap(
                 proc,
                 self._link,
-                self.config.shutdown_grace,
+                grace,
                 shutdown=graceful,
                 exiting=leaving,
                 on_signal=lambda sig: self.recorder.record(

@@ -22,7 +22,8 @@ class FlightEvent:
     ``request.prefill`` (one prefill chunk done), ``request.first_token``,
     ``request.finish``, ``request.fail``, ``request.cancel``, ``heartbeat``, ``deadline``,
     ``paused`` (the node's own watchdog woke late: the node was paused, so its deadlines
-    restarted instead of firing), ``signal``, ``exit``, and for a rank of a sharded instance
+    restarted instead of firing), ``stopped`` (a rank's process was seen stopped by a signal,
+    see :mod:`skulk.runner._pause`), ``signal``, ``exit``, and for a rank of a sharded instance
     ``group`` (joining, joined) and ``collective`` (one compute-group operation the runner
     reported, at the runner's own wall-clock time when it completed, its duration in the
     detail: the cluster timeline merges the recorders of all ranks by ``at``); ``at`` is

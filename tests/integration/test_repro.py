@@ -108,8 +108,15 @@ DISTRIBUTED_BREAKS = [
         "rank-stopped-mid-decode",
         "collective-watchdog",
         "was SIGSTOPped mid-decode",
-        "the stream ended with the typed error collective_timeout",
+        "the stream ended with a typed error",
         "client deadline",
+    ),
+    (
+        "rank-stopped-mid-decode",
+        "rank-pause-watch",
+        "the stream ended with a typed error",
+        "the leader blamed the stopped rank's node",
+        "nodes blamed: none",
     ),
     (
         "rank-killed-mid-prefill",

@@ -35,6 +35,7 @@ from skulk.runner import (
     RequestRejected,
     Runner,
     RunnerConfig,
+    RunnerPaused,
     RunnerWedged,
     loopback_hosts,
     open_local_group,
@@ -332,15 +333,23 @@ async def test_requests_beyond_the_agreed_kv_budget_wait_then_overflow_is_refuse
     assert all(r.failure is None for r in group.runners)
 
 
-@pytest.mark.parametrize("busy", [True, False], ids=["mid-decode", "idle"])
+@pytest.mark.parametrize(
+    ("busy", "watched"),
+    [(True, True), (False, True), (True, False)],
+    ids=["mid-decode", "idle", "mid-decode-unwatched"],
+)
 async def test_sigstop_of_a_rank_fails_the_group_within_its_deadlines(
-    models: dict[str, Path], busy: bool
+    models: dict[str, Path], busy: bool, watched: bool
 ) -> None:
-    """Rank 1 stopped, mid-decode or while the group idles: rank 0's watchdog ends rank 0
-    (collective_timeout; an open request ends), and rank 1's own node finds it wedged
-    (progress deadline)."""
+    """Rank 1 stopped, mid-decode or while the group idles. Its own node sees the process
+    stopped and fails it ``runner_paused`` (the culprit, named before any peer's deadline);
+    rank 0 then loses its peer (``collective_failed``) or, had the ring not noticed yet, its
+    watchdog fires. Unwatched (``rank_pause_timeout = 0``), rank 0's watchdog ends rank 0
+    (``collective_timeout``) and rank 1's own node finds it wedged (progress deadline)."""
     collective, progress = 2.0, 4.0
-    config = attrs.evolve(CONFIG, progress_timeout=progress)
+    config = attrs.evolve(
+        CONFIG, progress_timeout=progress, rank_pause_timeout=3.0 if watched else 0.0
+    )
     specs = shard_specs("pipeline", loopback_hosts(2), LAYERS, collective_timeout=collective)
     with trio.fail_after(120):
         async with open_local_group("llama", str(models["llama"]), specs, config) as group:
@@ -365,12 +374,18 @@ async def test_sigstop_of_a_rank_fails_the_group_within_its_deadlines(
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid1, signal.SIGCONT)
-    assert isinstance(rank0.failure, CollectiveTimedOut)
-    assert not rank0.failure.retryable
-    assert f"took > {collective:g}s" in rank0.failure.message
-    waited = "forward(decode)" if busy else "broadcast(control)"
-    assert rank0.failure.message.startswith(waited), rank0.failure.message
-    assert isinstance(rank1.failure, RunnerWedged)
+    assert rank0.failure is not None and not rank0.failure.retryable
+    if watched:
+        assert isinstance(rank1.failure, RunnerPaused), rank1.failure
+        assert f"deadline {collective / 2:g}s" in rank1.failure.message
+        assert any(e.kind == "stopped" for e in rank1.flight_events())
+        assert isinstance(rank0.failure, (CollectiveFailed, CollectiveTimedOut)), rank0.failure
+    else:
+        assert isinstance(rank0.failure, CollectiveTimedOut)
+        assert f"took > {collective:g}s" in rank0.failure.message
+        waited = "forward(decode)" if busy else "broadcast(control)"
+        assert rank0.failure.message.startswith(waited), rank0.failure.message
+        assert isinstance(rank1.failure, RunnerWedged)
     assert any(e.kind == "collective" for e in rank0.flight_events())
     assert not alive(rank0.statistics().pid) and not alive(pid1)
 
