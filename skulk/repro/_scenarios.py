@@ -15,6 +15,7 @@ import time
 from skulk.harness import pid_alive
 from skulk.repro._client import chat_body, request, stream_chat
 from skulk.repro._distributed import DISTRIBUTED, DISTRIBUTED_BREAKS
+from skulk.repro._node_faults import NODE_BREAKS, NODE_FAULTS
 from skulk.repro._scenario import Break, Scenario
 from skulk.repro._session import MARGIN, Session
 from skulk.repro._steps import (
@@ -260,6 +261,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         flags={"progress-timeout": "20"},
     ),
     *DISTRIBUTED,
+    *NODE_FAULTS,
 )
 
 BREAKS: tuple[Break, ...] = (
@@ -269,6 +271,7 @@ BREAKS: tuple[Break, ...] = (
         {"progress-timeout": "0"},
     ),
     *DISTRIBUTED_BREAKS,
+    *NODE_BREAKS,
 )
 
 

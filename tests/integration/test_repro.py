@@ -57,6 +57,8 @@ def test_list_names_every_scenario_and_breakage() -> None:
         "rank-killed-mid-prefill",
         "rank-never-joins",
         "serving-node-silent",
+        "serving-node-lost-mid-stream",
+        "node-paused-past-down",
     }
     assert required <= {s.name for s in SCENARIOS}
     assert {s.name for s in SCENARIOS} | {b.name for b in BREAKS} <= names
@@ -138,6 +140,20 @@ DISTRIBUTED_BREAKS = [
         "was SIGSTOPped mid-stream",
         "the stream ended with the typed error node_unreachable",
         "client deadline",
+    ),
+    (
+        "serving-node-lost-mid-stream",
+        "node-down-verdict",
+        "the stream ended with the typed error node_unreachable",
+        "the leader committed node 2 down and its instance serves elsewhere",
+        "now: single",
+    ),
+    (
+        "node-paused-past-down",
+        "link-liveness",
+        "was SIGSTOPped",
+        "the leader committed node 2 down and its instance serves elsewhere",
+        "now: single",
     ),
 ]
 
