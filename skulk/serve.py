@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
@@ -62,6 +63,7 @@ from skulk.identity import load_or_create_node_id
 from skulk.metrics import NodeMetrics
 from skulk.models import ShardSlice
 from skulk.routing import ASK_METHOD, ROUTE_METHOD, Admission, RemoteRouting, Router
+from skulk.runner import CpuBlasUnavailable, RunnerConfig, openblas_library
 from skulk.store import ModelStore, StoredModel
 from skulk.telemetry import (
     FetchBoard,
@@ -105,6 +107,20 @@ class StartupError(Exception):
 GRACEFUL_TIMEOUT = 3.0
 
 
+async def runners_of(config: ServeConfig) -> RunnerConfig:
+    """The runners' settings; with ``--cpu-blas openblas``, the OpenBLAS they preload
+    (written into ``<home>/cache/blas`` the first time)."""
+    runners = config.runner_config()
+    if config.cpu_blas != "openblas":
+        return runners
+    try:
+        library = await trio.to_thread.run_sync(openblas_library, config.home / "cache" / "blas")
+    except CpuBlasUnavailable as exc:
+        raise StartupError(str(exc)) from None
+    log.info("runners use OpenBLAS: %s", library)
+    return attrs.evolve(runners, preload=str(library))
+
+
 async def serve(
     config: ServeConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -127,6 +143,7 @@ async def serve(
         secret = load_or_create_secret(config.home, os.environ, config.cluster_secret_file)
     except SecretError as exc:
         raise StartupError(str(exc)) from None
+    runner_config = await runners_of(config)
     handlers: dict[str, Callable[[str, bytes], Awaitable[bytes]]] = {}
 
     async def rpc(method: str, body: bytes) -> bytes:
@@ -265,7 +282,7 @@ async def serve(
         return ModelService(
             card.id,
             resolve,
-            config.runner_config(),
+            runner_config,
             policy=config.restart_policy(),
             cooldown=config.cooldown_policy(),
             stream_interval=config.stream_interval,

@@ -12,7 +12,8 @@
 skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
 [--batch-mib N]`` and ``python -m skulk.bench models [--json] [--mib N] [--rounds N] [--fanout]
-[--no-peer-fetch]``."""
+[--no-peer-fetch]`` and ``python -m skulk.bench blas [--json] [--rounds N]
+[--prompt-tokens N]``."""
 
 from __future__ import annotations
 
@@ -124,7 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     models.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     models.add_argument("--fanout", action="store_true", help="also fan-out over real nodes")
     models.add_argument("--no-peer-fetch", action="store_true", help="skip the peer fetch")
+    blas = sub.add_parser("blas", help="--cpu-blas openblas vs the reference BLAS: prefill")
+    blas.add_argument("--json", action="store_true", help="print only the JSON result")
+    blas.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    blas.add_argument("--prompt-tokens", type=int, default=512, help="prefill length")
     args = parser.parse_args(argv)
+    if args.bench == "blas":
+        from skulk.bench._blas import main as run_blas
+
+        return run_blas(args)
     if args.bench == "models":
         from skulk.bench._models import main as run_models
 

@@ -59,6 +59,10 @@ def _log_format(value: object) -> str | None:
     return None if value in ("text", "json") else "text or json"
 
 
+def _cpu_blas(value: object) -> str | None:
+    return None if value in ("reference", "openblas") else "reference or openblas"
+
+
 def _faults(value: object) -> str | None:
     from skulk.engine.faults import Faults, FaultSpecError
 

@@ -13,6 +13,7 @@ from skulk.config._checks import (
     _api_key,
     _at_least_one,
     _count,
+    _cpu_blas,
     _faults,
     _file,
     _host,
@@ -110,6 +111,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("crash_loop_cooldown", float,
            "seconds a crash-looping model rests before one more try (doubling while tries "
            "fail, at most 600 s or this)", _positive),
+    Option("cpu_blas", str,
+           "the BLAS the runners use on a Linux CPU: reference (the mlx wheel's own, slow) or "
+           "openblas (fast; needs the cpu-blas extra; results then depend in their last bits "
+           "on batch neighbours)", _cpu_blas),
     Option("runner_faults", str, "fault hooks for tests and repro scripts; never in production",
            _faults),
     Option("node_down_after", float,

@@ -53,6 +53,7 @@ class ServeConfig:
     group_connect_timeout: float = 60.0
     collective_timeout: float = 20.0
     rank_pause_timeout: float = _RUNNER.rank_pause_timeout
+    cpu_blas: str = "reference"  # or "openblas" (skulk.runner._blas)
     # the remote hop and the node links (seconds; 0 disables: only for repro --break runs); the
     # defaults are RouteTimeouts().idle and LinkConfig().liveness_timeout
     route_idle_timeout: float = 10.0

@@ -8,6 +8,7 @@ mlx; this package never does. A :class:`Runner` owns its subprocess and every de
 instance; :func:`open_local_group` runs all ranks of one on this machine (tests, benchmarks).
 """
 
+from skulk.runner._blas import CPU_BLAS, CpuBlasUnavailable, openblas_library
 from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
     CancelTimeout,
@@ -40,10 +41,12 @@ from skulk.runner._recorder import FlightEvent, FlightRecorder
 from skulk.runner._request_table import RequestEvent
 
 __all__ = [
+    "CPU_BLAS",
     "TRANSITIONS",
     "CancelTimeout",
     "CollectiveFailed",
     "CollectiveTimedOut",
+    "CpuBlasUnavailable",
     "FlightEvent",
     "FlightRecorder",
     "GroupConnectTimeout",
@@ -68,6 +71,7 @@ __all__ = [
     "even_layers",
     "loopback_hosts",
     "open_local_group",
+    "openblas_library",
     "shard_specs",
     "terminate_group",
 ]

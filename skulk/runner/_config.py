@@ -34,8 +34,9 @@ class RunnerConfig:
     requests: only for experiments). ``rank_pause_timeout``: how long the process of a rank of a
     sharded instance may be stopped by a signal before the rank fails ``runner_paused`` (kept
     under half the collective deadline; ``0`` disables; see :mod:`skulk.runner._pause`).
-    ``faults`` is a fault-hook spec (see
-    :mod:`skulk.engine.faults`), empty in production. ``kv_cache_bytes``,
+    ``preload``: a shared library the runner process preloads (``LD_PRELOAD``): the OpenBLAS
+    of ``--cpu-blas openblas`` (see :mod:`skulk.runner._blas`), ``""`` for none. ``faults`` is
+    a fault-hook spec (see :mod:`skulk.engine.faults`), empty in production. ``kv_cache_bytes``,
     ``prefix_cache_bytes``, ``kv_waiting`` and ``speculative_tokens`` go to the runner in its
     ``Load`` (``None``: the runner's defaults; see :class:`~skulk.wire.runner.Load`).
     """
@@ -49,6 +50,7 @@ class RunnerConfig:
     heartbeat_interval: float = 1.0
     rank_pause_timeout: float = 3.0
     faults: str = ""
+    preload: str = ""
     python: str = sys.executable
     kv_cache_bytes: int | None = None
     prefix_cache_bytes: int | None = None

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import trio
 
 from skulk.engine.faults import ENV as FAULTS_ENV
+from skulk.runner._blas import preload_env
 from skulk.runner._config import RunnerConfig
 from skulk.runner._errors import RunnerError
 from skulk.runner._link import RunnerLink
@@ -48,7 +49,9 @@ async def spawn(config: RunnerConfig, incarnation: int, child_sock: socket.socke
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", FAULTS_ENV: config.faults},
+        env=preload_env(
+            config.preload, {**os.environ, "PYTHONUNBUFFERED": "1", FAULTS_ENV: config.faults}
+        ),
     )
 
 
