@@ -59,6 +59,10 @@ def _log_format(value: object) -> str | None:
     return None if value in ("text", "json") else "text or json"
 
 
+def _route_policy(value: object) -> str | None:
+    return None if value in ("prefix", "least-loaded") else "prefix or least-loaded"
+
+
 def _faults(value: object) -> str | None:
     from skulk.engine.faults import Faults, FaultSpecError
 
