@@ -62,7 +62,7 @@ def router(node: str, state: State, **options: Any) -> Router:
     return Router(
         node,
         lambda: state,
-        lambda i: Ready() if i in placed else None,  # type: ignore[return-value]
+        lambda i: Ready() if i in placed else None,  # type: ignore[arg-type,return-value]
         lambda peer: True,
         None,  # type: ignore[arg-type]  # route() never goes remote
         Admission(),
