@@ -11,6 +11,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from skulk.api._openai import parse_chat_completions, parse_completions
 from skulk.cluster import State, apply
 from skulk.routing import AFFINITY_SLACK, Admission, Router, prefix_key, rank
@@ -207,3 +210,26 @@ def test_a_chat_prompt_without_a_user_message_keys_on_all_of_it() -> None:
     one = ChatPrompt((ChatMessage("system", "a"),))
     two = ChatPrompt((ChatMessage("system", "a"), ChatMessage("assistant", "b")))
     assert prefix_key(one) != prefix_key(two)
+
+
+@given(
+    key=st.binary(min_size=1, max_size=64),
+    flights=st.dictionaries(
+        st.text("abcdefgh", min_size=1, max_size=4), st.integers(0, 20), min_size=1, max_size=6
+    ),
+    slack=st.integers(0, 6),
+)
+def test_the_choice_is_an_order_of_the_candidates_within_the_bound(
+    key: bytes, flights: dict[str, int], slack: int
+) -> None:
+    candidates = sorted(flights)
+    got = choose(key, candidates, flights.__getitem__, lambda i: (True, 0.0), slack)
+    assert sorted(got.order) == candidates
+    least = min(flights.values())
+    assert flights[got.order[0]] <= least + slack  # the bound holds for whoever serves
+    if got.how == "affinity" or got.how == "only":
+        assert got.order[0] == rank(key, candidates)[0]
+    else:
+        assert got.how == "override" and flights[got.order[0]] == least
+    # The rest keep their rendezvous order, for the moves.
+    assert [i for i in rank(key, candidates) if i != got.order[0]] == list(got.order[1:])
