@@ -16,8 +16,9 @@ A generation the chosen instance refuses *before any output* (429, ``kv_cache_fu
 ready — a runner restarting —, ``node_unreachable``, ``runner_stopped``) moves to the next
 ready instance in the same order: each instance is tried at most once, and a move starts only
 within ``retry_within`` seconds of the request's arrival. Once output has started nothing is
-retried, so nothing reaches the client twice. A :class:`Served` record, when given, follows
-the move (the API's ``x-skulk-instance``).
+retried, so nothing reaches the client twice. Token counts and embeddings (one answer, no
+partial output) move the same way. A :class:`Served` record, when given, follows the move
+(the API's ``x-skulk-instance``).
 
 Every generation the router serves, and every request it cannot route, is observed in the
 node's :class:`~skulk.metrics.NodeMetrics` (``route``: ``local`` or ``remote``), here where
@@ -34,8 +35,9 @@ instance's failure when every move was spent.
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from typing import TypeVar
 
 import attrs
 import trio
@@ -51,6 +53,8 @@ from ._admission import Admission
 from ._errors import Overloaded, RemoteUnavailable
 from ._policy import AFFINITY_SLACK, RETRY_WITHIN, choose, prefix_key, retry_reason
 from ._remote import RemoteRouting
+
+T = TypeVar("T")
 
 
 class ModelNotPlaced(Exception):
@@ -246,7 +250,7 @@ class Router:
         node = nodes[best]
         return Route(model, best, node, node == self.node_id, choice.how)
 
-    def _next(self, route: Route, prompt: Prompt, tried: frozenset[str]) -> Route | None:
+    def _next(self, route: Route, prompt: Prompt | None, tried: frozenset[str]) -> Route | None:
         """Where a request refused by ``tried`` instances goes next: the next ready one in
         the same order, as the State stands now."""
         state = self._state()
@@ -288,16 +292,9 @@ class Router:
                             yield item
                     return
                 except Exception as exc:
-                    why = None if output else retry_reason(exc)
-                    if isinstance(exc, NoReadyInstance) and not output:
-                        why = "not_ready"  # the local service stopped since the route
-                    if why is None or trio.current_time() - arrived > self.retry_within:
-                        raise
-                    following = self._next(route, prompt, frozenset(tried))
+                    following = None if output else self._move(route, prompt, exc, arrived, tried)
                     if following is None:
                         raise
-                    requests.moved(route.model, route.instance, why)
-                    note("request.moved", f"instance {route.instance} refused ({why})")
                     route = following
                     observed.instance, observed.route = route.instance, _where(route)
                     if served is not None:
@@ -307,6 +304,26 @@ class Router:
             if isinstance(exc, Exception):
                 note("request.error", f"{type(exc).__name__}: {str(exc)[:200]}")
             raise
+
+    def _move(
+        self,
+        route: Route,
+        prompt: Prompt | None,
+        exc: Exception,
+        arrived: float,
+        tried: set[str],
+    ) -> Route | None:
+        """Where a request ``route``'s instance refused with ``exc`` before any output goes
+        next (counted and noted), or ``None`` when it must not move (see the module doc)."""
+        why = "not_ready" if isinstance(exc, NoReadyInstance) else retry_reason(exc)
+        if why is None or trio.current_time() - arrived > self.retry_within:
+            return None
+        following = self._next(route, prompt, frozenset(tried))
+        if following is None:
+            return None
+        self.metrics.requests.moved(route.model, route.instance, why)
+        note("request.moved", f"instance {route.instance} refused ({why})")
+        return following
 
     async def _attempt(
         self, route: Route, prompt: Prompt, params: SamplingParams
@@ -337,30 +354,63 @@ class Router:
         finally:
             self._done(route)
 
-    async def count_tokens(self, route: Route, prompt: Prompt) -> int:
+    async def count_tokens(self, route: Route, prompt: Prompt, served: Served | None = None) -> int:
         """How many tokens ``prompt`` is for ``route``'s model, counted where it is served
-        (nothing decoded). Raises as :meth:`generate` does before any output."""
-        self._in_flight[route.instance] += 1
-        try:
-            if route.local:
-                with self._admission.admit(route.instance):
-                    return await self._service(route).count_tokens(prompt)
-            return await self._remote.count_tokens(route.node, route.instance, prompt)
-        finally:
-            self._done(route)
+        (nothing decoded). Refused, it moves as a generation does (``served`` follows it);
+        raises as :meth:`generate` does before any output."""
+
+        async def count(at: Route) -> int:
+            if at.local:
+                service = self._service(at)
+                with self._admission.admit(at.instance):
+                    return await service.count_tokens(prompt)
+            return await self._remote.count_tokens(at.node, at.instance, prompt)
+
+        return await self._answer(route, prompt, count, served)
 
     async def embed(
-        self, route: Route, inputs: tuple[EmbedInput, ...], truncate: bool = False
+        self,
+        route: Route,
+        inputs: tuple[EmbedInput, ...],
+        truncate: bool = False,
+        served: Served | None = None,
     ) -> Embedding:
-        """``inputs`` embedded by ``route``'s instance (see :mod:`skulk.engine._embed`)."""
-        self._in_flight[route.instance] += 1
-        try:
-            if route.local:
-                with self._admission.admit(route.instance):
-                    return await self._service(route).embed(inputs, truncate)
-            return await self._remote.embed(route.node, route.instance, inputs, truncate)
-        finally:
-            self._done(route)
+        """``inputs`` embedded by ``route``'s instance (see :mod:`skulk.engine._embed`);
+        refused, the request moves as a generation does (``served`` follows it)."""
+
+        async def embed(at: Route) -> Embedding:
+            if at.local:
+                service = self._service(at)
+                with self._admission.admit(at.instance):
+                    return await service.embed(inputs, truncate)
+            return await self._remote.embed(at.node, at.instance, inputs, truncate)
+
+        return await self._answer(route, None, embed, served)
+
+    async def _answer(
+        self,
+        route: Route,
+        prompt: Prompt | None,
+        ask: Callable[[Route], Awaitable[T]],
+        served: Served | None,
+    ) -> T:
+        """``ask(route)``'s one answer, moved to the next instance when refused."""
+        arrived = trio.current_time()
+        tried: set[str] = set()
+        while True:
+            tried.add(route.instance)
+            self._in_flight[route.instance] += 1
+            try:
+                return await ask(route)
+            except Exception as exc:
+                following = self._move(route, prompt, exc, arrived, tried)
+                if following is None:
+                    raise
+            finally:
+                self._done(route)
+            route = following
+            if served is not None:
+                served.route = route
 
     def _service(self, route: Route) -> ModelService:
         service = self._local(route.instance)

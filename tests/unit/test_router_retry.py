@@ -36,7 +36,7 @@ from skulk.wire.cluster import (
     UpsertNode,
 )
 from skulk.wire.runner import GenerationEnd, SamplingParams, TextPrompt, Usage
-from skulk.worker import ModelStatus, ModelUnavailable, RequestFailure
+from skulk.worker import Embedding, ModelStatus, ModelUnavailable, RequestFailure
 
 CARD = ModelCard("m", PathSource("/m"), Architecture("llama", 2, 8, 2, 2, 10), 1, 64)
 PROMPT = TextPrompt("hello")
@@ -103,7 +103,8 @@ class Local:
 
 
 class Remote:
-    """The remote hop, answering per instance as told; ``calls`` lists the instances asked."""
+    """The remote hop, answering per instance as told; ``calls`` lists the instances asked
+    (one-answer requests: a :class:`Behaviour` exception fails them, else they answer)."""
 
     def __init__(self, slow: bool = False, **behaviours: Behaviour) -> None:
         self.behaviours = behaviours
@@ -115,6 +116,18 @@ class Remote:
     ) -> AsyncGenerator[str | GenerationEnd]:
         self.calls.append(instance)
         return slow_refusal() if self.slow else behave(self.behaviours.get(instance))
+
+    async def count_tokens(self, node: str, instance: str, prompt: object) -> int:
+        self.calls.append(instance)
+        if isinstance(failure := self.behaviours.get(instance), Exception):
+            raise failure
+        return 7
+
+    async def embed(self, node: str, instance: str, inputs: object, truncate: bool) -> Embedding:
+        self.calls.append(instance)
+        if isinstance(failure := self.behaviours.get(instance), Exception):
+            raise failure
+        return Embedding(((1.0,),), 1)
 
 
 def router(
@@ -281,3 +294,27 @@ async def test_a_move_is_noted_in_the_request_timeline() -> None:
     ]
     assert "ib" in events[1].detail and "ib" in events[2].detail and "ic" in events[3].detail
     assert "overloaded" in events[2].detail and events[-1].instance == "ic"
+
+
+async def test_token_counts_and_embeddings_move_too() -> None:
+    remote = Remote(ib=Overloaded("ib"))
+    r = router(cluster(("ib", "b"), ("ic", "c")), remote=remote)
+    served = Served(Route("m", "ib", "b", False))
+    assert await r.count_tokens(served.route, PROMPT, served) == 7
+    assert remote.calls == ["ib", "ic"] and served.instance == "ic"
+    remote.calls.clear()
+    served = Served(Route("m", "ib", "b", False))
+    assert (await r.embed(served.route, (), False, served)).prompt_tokens == 1
+    assert remote.calls == ["ib", "ic"] and served.instance == "ic"
+    assert sample(r, "skulk:route_moves_total", model="m", instance="ib", reason="overloaded") == 2
+    # Not moved: a failure the request causes, and the last instance's refusal.
+    remote = Remote(ib=RequestFailure("prompt_too_long", "too long"))
+    r = router(cluster(("ib", "b"), ("ic", "c")), remote=remote)
+    with pytest.raises(RequestFailure):
+        await r.count_tokens(Route("m", "ib", "b", False), PROMPT)
+    assert remote.calls == ["ib"]
+    remote = Remote(ib=Overloaded("ib"), ic=Overloaded("ic"))
+    r = router(cluster(("ib", "b"), ("ic", "c")), remote=remote)
+    with pytest.raises(Overloaded):
+        await r.embed(Route("m", "ib", "b", False), ())
+    assert remote.calls == ["ib", "ic"] and r._in_flight == {}
