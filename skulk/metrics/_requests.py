@@ -107,7 +107,7 @@ class RequestMetrics:
         )
         self.moves = Counter(
             "skulk:route_moves",
-            "Generations moved to the next ready instance because this one refused them before "
+            "Requests moved to the next ready instance because this one refused them before "
             "any output, by reason (overloaded, kv_cache_full, not_ready, node_unreachable, "
             "runner_stopped).",
             (*per_instance, "reason"),
