@@ -305,6 +305,8 @@ async def serve(
         admission,
         load=lambda node: e.readings.load_1m if (e := gossip.store.view.get(node)) else 0.0,
         metrics=metrics,
+        affinity_slack=config.route_affinity_slack,
+        prefix_affinity=config.route_policy == "prefix",
     )
 
     def local_timeline() -> list[TimelineEvent]:

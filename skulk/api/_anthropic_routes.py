@@ -10,7 +10,7 @@ from skulk.api._anthropic import parse_count_tokens, parse_messages
 from skulk.api._http_errors import json_response
 from skulk.api._serving import Generations, read_body, routed
 from skulk.api._stream import count_prompt_tokens
-from skulk.routing import Router
+from skulk.routing import Router, Served
 
 
 def install_anthropic_routes(app: QuartTrio, router: Router, generations: Generations) -> None:
@@ -25,6 +25,8 @@ def install_anthropic_routes(app: QuartTrio, router: Router, generations: Genera
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
         req = parse_count_tokens(await read_body())
-        route = generations.route(req)
-        count = await count_prompt_tokens(router.count_tokens(route, req.prompt), req)
-        return routed(json_response({"input_tokens": count}, 200), route)
+        served = Served(generations.route(req))
+        count = await count_prompt_tokens(
+            router.count_tokens(served.route, req.prompt, served), req
+        )
+        return routed(json_response({"input_tokens": count}, 200), served)

@@ -32,7 +32,7 @@ from skulk.api._ollama_parse import COMMON_HONOURED, keep_alive, parse_options
 from skulk.api._schema import INFORMATIONAL, Schema, honoured, typed
 from skulk.api._serving import routed
 from skulk.api._stream import ROUTING_ERRORS, SERVING_ERRORS, routing_error, serving_error_for
-from skulk.routing import Route, Router
+from skulk.routing import Router, Served
 from skulk.wire.runner import EmbedInput, TextPrompt, TokenIds
 from skulk.worker import Embedding
 
@@ -236,13 +236,13 @@ def install_embedding_routes(app: QuartTrio, router: Router, body: Body) -> None
 
     async def embed(
         model: str, inputs: tuple[EmbedInput, ...], truncate: bool, param: str
-    ) -> tuple[Route, Embedding]:
+    ) -> tuple[Served, Embedding]:
         try:
-            route = router.route(model)
+            served = Served(router.route(model))
         except ROUTING_ERRORS as exc:
             raise routing_error(exc) from None
         try:
-            return route, await router.embed(route, inputs, truncate)
+            return served, await router.embed(served.route, inputs, truncate, served)
         except SERVING_ERRORS as exc:
             raise serving_error_for(exc, param) from exc
 

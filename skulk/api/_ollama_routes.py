@@ -42,14 +42,14 @@ from skulk.api._stream import (
     open_stream,
     routing_error,
 )
-from skulk.routing import Route, Router
+from skulk.routing import Router, Served
 from skulk.wire.runner import GenerationEnd
 
 log = logging.getLogger("skulk.api")
 
 NDJSON = "application/x-ndjson"
 
-Start = Callable[[GenerateRequest], tuple[Route, Items]]
+Start = Callable[[GenerateRequest], tuple[Served, Items]]
 Body = Callable[[], Awaitable[object]]
 
 

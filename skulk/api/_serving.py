@@ -27,7 +27,7 @@ from skulk.api._stream import (
     routing_error,
     sse_body,
 )
-from skulk.routing import Route, Router
+from skulk.routing import Route, Router, Served
 
 #: Content types whose bodies are read as JSON (besides ``…+json`` and none at all).
 _READ_AS_JSON = frozenset({"application/json", "text/plain", "application/x-www-form-urlencoded"})
@@ -47,8 +47,9 @@ async def read_body() -> object:
     return parse_json_body(raw)
 
 
-def routed(response: Response, route: Route) -> Response:
-    """``response`` saying which instance and node served it."""
+def routed(response: Response, route: Route | Served) -> Response:
+    """``response`` saying which instance and node served it (where the request ended up,
+    once the router has moved it off an instance that refused it)."""
     response.headers["x-skulk-instance"] = route.instance
     response.headers["x-skulk-node"] = route.node
     return response
@@ -70,24 +71,26 @@ class Generations:
     router: Router
 
     def route(self, req: Request) -> Route:
-        """The instance for ``req``; :class:`ApiError` when none can take it."""
+        """The instance for ``req`` (its prompt's prefix decides among several);
+        :class:`ApiError` when none can take it."""
         try:
-            return self.router.route(req.model)
+            return self.router.route(req.model, req.prompt)
         except ROUTING_ERRORS as exc:
             raise routing_error(exc) from None
 
-    def start(self, req: Request) -> tuple[Route, Items]:
+    def start(self, req: Request) -> tuple[Served, Items]:
         """Route ``req`` and make its generation (not started); :class:`ApiError` when no
-        instance can take it."""
-        route = self.route(req)
-        return route, self.router.generate(route, req.prompt, req.params)
+        instance can take it. The :class:`Served` follows the request if it moves."""
+        served = Served(self.route(req))
+        return served, self.router.generate(served.route, req.prompt, req.params, served)
 
-    def start_choices(self, req: Request) -> tuple[Route, list[Items]]:
+    def start_choices(self, req: Request) -> tuple[Served, list[Items]]:
         """Route ``req`` once and make the generation of each of its choices (not started),
-        all on that instance (they batch on its runner), each with its own seed."""
-        route = self.route(req)
+        all on that instance (they batch on its runner), each with its own seed; a choice
+        that instance refuses moves on its own (the :class:`Served` shows the last move)."""
+        served = Served(self.route(req))
         params = choice_params(req.params, choice_count(req))
-        return route, [self.router.generate(route, req.prompt, p) for p in params]
+        return served, [self.router.generate(served.route, req.prompt, p, served) for p in params]
 
     async def answer(self, req: Request) -> Response:
         """Generate ``req`` and answer it: a whole JSON object, or an SSE stream."""

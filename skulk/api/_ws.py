@@ -35,12 +35,12 @@ from skulk.api._errors import ApiError
 from skulk.api._json_body import LARGE_BODY, MAX_BODY, check_json_value
 from skulk.api._openai_parse import parse_chat_completions
 from skulk.api._stream import Items, Opened, Request, open_stream
-from skulk.routing import Route
+from skulk.routing import Served
 
 log = logging.getLogger("skulk.api")
 
-Start = Callable[[Request], tuple[Route, Items]]
-StartChoices = Callable[[Request], tuple[Route, list[Items]]]
+Start = Callable[[Request], tuple[Served, Items]]
+StartChoices = Callable[[Request], tuple[Served, list[Items]]]
 
 #: Requests one socket may have in flight; more are refused with ``too_many_requests``.
 MAX_IN_FLIGHT = 32

@@ -63,6 +63,10 @@ def _cpu_blas(value: object) -> str | None:
     return None if value in ("reference", "openblas") else "reference or openblas"
 
 
+def _route_policy(value: object) -> str | None:
+    return None if value in ("prefix", "least-loaded") else "prefix or least-loaded"
+
+
 def _faults(value: object) -> str | None:
     from skulk.engine.faults import Faults, FaultSpecError
 

@@ -27,6 +27,7 @@ from skulk.config._checks import (
     _positive,
     _positive_size,
     _route_idle,
+    _route_policy,
     _seconds,
     _size,
 )
@@ -126,6 +127,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_queue", int,
            "requests one instance on this node takes at once; more are answered 429",
            _at_least_one),
+    Option("route_policy", str,
+           "how this node picks among a model's ready instances: prefix (the instance a "
+           "prompt's head hashes to, the same from every node, so a conversation reuses one "
+           "prefix cache) or least-loaded", _route_policy),
+    Option("route_affinity_slack", int,
+           "how many more of this node's requests the instance a prompt's prefix prefers may "
+           "have in flight than the least loaded one before load overrides affinity", _count),
     Option("memory_limit", ByteSize,
            "advertise at most this much memory to placement (512M, 2G, ...): available is "
            "at most the limit less what this node's runners use", _positive_size),

@@ -69,6 +69,9 @@ class ServeConfig:
     node_down_after: float | None = None
     node_remove_after: float | None = None
     max_queue: int = 64
+    # routing among a model's instances (skulk.routing._policy)
+    route_policy: str = "prefix"  # or "least-loaded"
+    route_affinity_slack: int = 4
     # what this node offers to placement
     memory_limit: int | None = None
     # the model store (<home>/store): at most this many bytes (None: the disk, less a reserve)

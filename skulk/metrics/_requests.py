@@ -97,10 +97,34 @@ class RequestMetrics:
             (*per_instance, "route", "reason"),
             registry=registry,
         )
+        self.choices = Counter(
+            "skulk:route_choices",
+            "Generations routed from this node, by how their instance was chosen (affinity: "
+            "the prompt's prefix order; override: load overrode affinity; least_loaded: no "
+            "prompt to key; only: one ready instance).",
+            (*per_instance, "choice"),
+            registry=registry,
+        )
+        self.moves = Counter(
+            "skulk:route_moves",
+            "Requests moved to the next ready instance because this one refused them before "
+            "any output, by reason (overloaded, kv_cache_full, not_ready, node_unreachable, "
+            "runner_stopped).",
+            (*per_instance, "reason"),
+            registry=registry,
+        )
 
     def start(self, model: str, instance: str, route: Route) -> RequestObserver:
         """Observe one generation that starts now."""
         return RequestObserver(self, model, instance, route)
+
+    def chosen(self, model: str, instance: str, how: str) -> None:
+        """Count a generation routed to ``instance``, chosen ``how``."""
+        self.choices.labels(model, instance, how).inc()
+
+    def moved(self, model: str, instance: str, reason: str) -> None:
+        """Count a generation ``instance`` refused before any output, moved elsewhere."""
+        self.moves.labels(model, instance, reason).inc()
 
     def refused(self, model: str, instance: str, route: Route, reason: str) -> None:
         """Count a request that failed before any generation started (no instance, none

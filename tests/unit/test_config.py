@@ -123,6 +123,16 @@ def test_cluster_flags_become_cluster_config_changes() -> None:
         parse(["--max-queue", "0"])
 
 
+def test_route_policy_flags() -> None:
+    assert (parse([]).route_policy, parse([]).route_affinity_slack) == ("prefix", 4)
+    got = parse(["--route-policy", "least-loaded", "--route-affinity-slack", "0"])
+    assert (got.route_policy, got.route_affinity_slack) == ("least-loaded", 0)
+    with pytest.raises(ValueError, match="--route-policy"):
+        parse(["--route-policy", "nearest"])
+    with pytest.raises(ValueError, match="--route-affinity-slack"):
+        parse(["--route-affinity-slack", "-1"])
+
+
 def test_memory_limit_takes_sizes_with_suffixes() -> None:
     assert parse([]).memory_limit is None
     assert parse(["--memory-limit", "512M"]).memory_limit == 512 * 1024 * 1024
