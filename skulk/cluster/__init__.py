@@ -56,15 +56,18 @@ from ._placement import (
     node_capacities,
     plan,
 )
-from ._state import Instance, State, state_hash
+from ._state import KEY_MAX_LENGTH, KEYS_KEPT, Instance, KeyedAsk, State, state_hash
 
 __all__ = [
     "COMMAND_CODEC",
+    "KEYS_KEPT",
+    "KEY_MAX_LENGTH",
     "LATE_AFTER_S",
     "RESULT_CODEC",
     "ClusterMachine",
     "HealthReason",
     "Instance",
+    "KeyedAsk",
     "LeaderView",
     "ModelNeeds",
     "NoCandidateNodes",
