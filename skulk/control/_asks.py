@@ -137,7 +137,10 @@ async def remove_node(
     try:
         await consensus.remove_member(node)
     except (ConsensusError, ProposalRefused) as exc:
-        return ControlRefused("unavailable", f"could not remove {node!r} from Raft: {exc}")
+        return ControlRefused(  # the leader's duties retry it (``_reconcile``)
+            "unavailable",
+            f"could not remove {node!r} from Raft yet ({exc}); the leader keeps trying",
+        )
     log.warning("node %s removed from the cluster", node)
     return NodeRemoved(node)
 
