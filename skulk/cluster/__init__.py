@@ -56,6 +56,7 @@ from ._placement import (
     node_capacities,
     plan,
 )
+from ._ports import MAX_COMPUTE_PORTS, usable_compute_ports
 from ._state import KEY_MAX_LENGTH, KEYS_KEPT, Instance, KeyedAsk, State, state_hash
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "KEYS_KEPT",
     "KEY_MAX_LENGTH",
     "LATE_AFTER_S",
+    "MAX_COMPUTE_PORTS",
     "RESULT_CODEC",
     "ClusterMachine",
     "HealthReason",
@@ -101,4 +103,5 @@ __all__ = [
     "plan",
     "state_hash",
     "store_room",
+    "usable_compute_ports",
 ]
