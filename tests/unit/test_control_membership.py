@@ -17,7 +17,14 @@ from skulk.cluster import State, apply
 from skulk.consensus import ConfState, ProposalRefused
 from skulk.control import ClusterControl
 from skulk.federation import LinkView, PeerState
-from skulk.wire.cluster import ClusterConfig, ModelCard, NodeStatusChanged, SetConfig, UpsertNode
+from skulk.wire.cluster import (
+    ClusterCommand,
+    ClusterConfig,
+    ModelCard,
+    NodeStatusChanged,
+    SetConfig,
+    UpsertNode,
+)
 
 from .test_control_placement import GIB, FakeDriver, readings
 
@@ -65,10 +72,10 @@ def leader_of(
 
     control = ClusterControl(
         "a",
-        consensus,
-        mesh,
+        consensus,  # type: ignore[arg-type]
+        mesh,  # type: ignore[arg-type]
         lambda: seen,
-        card_for=no_card,  # type: ignore[arg-type]
+        card_for=no_card,
     )
     return control, driver, consensus
 
@@ -76,10 +83,9 @@ def leader_of(
 def three_nodes(*, down: str = "") -> State:
     state = State()
     fast = ClusterConfig(node_down_after_ms=1000, node_remove_after_ms=2000)
-    for command in [
-        SetConfig(fast),
-        *(UpsertNode(n, f"http://{n}", f"ws://{n}", 0) for n in "abc"),
-    ]:
+    commands: list[ClusterCommand] = [SetConfig(fast)]
+    commands += [UpsertNode(n, f"http://{n}", f"ws://{n}", 0) for n in "abc"]
+    for command in commands:
         state, _ = apply(state, command)
     if down:
         state, _ = apply(state, NodeStatusChanged(down, "down", 0))
