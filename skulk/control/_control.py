@@ -148,7 +148,7 @@ class ClusterControl:
             code = "unavailable"
             raise ControlUnavailable(code, f"the cluster cannot commit now: {exc}") from exc
         result = decode_result(data)
-        if cause is not None and not isinstance(result, Rejected):
+        if cause is not None and not isinstance(result, Rejected) and _placed(self.state, command):
             self.placements[cause] += 1
         return result
 
@@ -345,6 +345,15 @@ class ClusterControl:
                 said = True
             await trio.sleep(delay)
             delay = min(30.0, delay * 2)
+
+
+def _placed(state: State, command: ClusterCommand) -> bool:
+    """Whether applied ``command`` placed its instance (not a keyed retry that changed
+    nothing: the key names another instance)."""
+    if not isinstance(command, PlaceInstance) or command.key is None:
+        return True
+    seen = state.keyed(command.key)
+    return seen is None or seen.instance == command.instance
 
 
 def placement_cause(state: State, command: PlaceInstance) -> tuple[str, str]:

@@ -171,6 +171,7 @@ async def test_a_retry_that_raced_its_first_try_answers_the_first_instance() -> 
     reply = await control.ask(PlacementAsk("m", "single", (), (), 1, None, False, False, key="k"))
     assert reply == Placed("first", existed=False)
     assert [i.id for i in driver.state.instances] == ["first"]
+    assert control.placements == {}  # the retry's own command placed nothing
 
 
 def test_apply_remembers_keys_and_forgets_the_oldest_beyond_the_bound() -> None:
