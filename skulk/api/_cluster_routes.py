@@ -4,6 +4,8 @@
 ``GET /v1/cluster/state``, ``DELETE /v1/cluster/nodes/{id}``. Placements and removals are
 decided by the leader (:meth:`ClusterControl.ask`); any node's API takes them. Refusals are
 the error envelope with ``code`` set to the failure's name (``docs/api.md`` lists them).
+A placement or deletion may carry an ``Idempotency-Key`` header: the key is committed with it in
+the State, and a retry with the same key answers as the first did (one instance placed).
 Instances show each rank's runner phase and failure from the State and, while a rank fetches
 its weights, the progress its node gossips in telemetry.
 """
@@ -14,14 +16,14 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from skulk.api._errors import ApiError
 from skulk.api._http_errors import json_response
 from skulk.api._pull_format import pull_error
 from skulk.api._schema import Schema, honoured
-from skulk.cluster import Instance, State
+from skulk.cluster import KEY_MAX_LENGTH, Instance, State
 from skulk.control import ClusterControl, ControlUnavailable
 from skulk.wire.cluster import (
     ControlRefused,
@@ -50,6 +52,7 @@ REFUSAL_STATUS = {
     "not_leader": 503,
     "bad_value": 400,
     "unsupported_sharding": 400,
+    "key_reused": 422,
 }
 
 _SHARDINGS = ("single", "pipeline", "tensor")
@@ -147,6 +150,23 @@ def unavailable(exc: ControlUnavailable) -> ApiError:
     return err
 
 
+def idempotency_key(value: str | None) -> str | None:
+    """The ``Idempotency-Key`` header's key (``None``: no header): 1 to
+    :data:`~skulk.cluster.KEY_MAX_LENGTH` printable ASCII characters, bare or as a quoted
+    string (``"..."``, as the IETF draft writes it); :class:`ApiError` (400) otherwise."""
+    if value is None:
+        return None
+    key = value.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    if not (0 < len(key) <= KEY_MAX_LENGTH and key.isascii() and key.isprintable()):
+        raise ApiError.invalid(
+            "Idempotency-Key",
+            f"Idempotency-Key must be 1-{KEY_MAX_LENGTH} printable ASCII characters",
+        )
+    return key
+
+
 def parse_placement(body: object) -> PlacementAsk:
     """A ``POST /v1/placements`` body; :class:`ApiError` (400 naming the field) otherwise."""
     if not isinstance(body, dict):
@@ -234,17 +254,22 @@ def install_cluster_routes(
         except ControlUnavailable as exc:
             raise unavailable(exc) from None
 
-    async def see(instance_id: str) -> Instance | None:
-        """The instance once this node's State has it (a follower applies a moment later)."""
+    async def see(instance_id: str, key: str | None) -> Instance | None:
+        """The instance once this node's State has it (a follower applies a moment later);
+        None at once when the State holds ``key`` but no such instance (a retry of a
+        placement whose instance is gone since)."""
         with trio.move_on_after(SEE_COMMIT_TIMEOUT):
             while (found := control.state.instance(instance_id)) is None:
+                if key is not None and control.state.keyed(key) is not None:
+                    return None
                 await control.wait_change(control.applied)
             return found
         return None
 
     @app.post("/v1/placements")
     async def placements() -> Response:
-        placement = parse_placement(await body_of())
+        key = idempotency_key(request.headers.get("Idempotency-Key"))
+        placement = attrs.evolve(parse_placement(await body_of()), key=key)
         try:  # a model this node has but the cluster does not know yet: register it first
             registered = await control.register_model(placement.model)
         except ControlUnavailable as exc:
@@ -278,7 +303,7 @@ def install_cluster_routes(
             }
             return json_response({"plan": plan}, 200)
         if isinstance(reply, Placed):
-            instance = await see(reply.instance)
+            instance = await see(reply.instance, key)
             if instance is None:
                 return json_response({"instance": {"id": reply.instance}}, 201)
             body = {"instance": instance_json(control.state, instance, snapshot())}
@@ -302,8 +327,9 @@ def install_cluster_routes(
 
     @app.delete("/v1/instances/<instance_id>")
     async def delete_instance(instance_id: str) -> Response:
+        key = idempotency_key(request.headers.get("Idempotency-Key"))
         try:
-            result = await control.submit(DeleteInstance(instance_id))
+            result = await control.submit(DeleteInstance(instance_id, key))
         except ControlUnavailable as exc:
             raise unavailable(exc) from None
         if isinstance(result, Rejected):

@@ -373,6 +373,15 @@ def _paths(*, cluster: bool, timeline: bool) -> dict[str, dict[str, object]]:
 
 
 def _cluster_paths() -> dict[str, dict[str, object]]:
+    key = {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+        "description": "A retry with the same key answers as the first did and changes nothing "
+        "(kept in the replicated State, the last 1024 keys); a key used for another request "
+        "is a 422 key_reused.",
+    }
     instance_id = [_path_param("instance_id", "The instance's id.")]
     control = (503,)  # decided by the leader: no quorum, not leader, ...
     return {
@@ -386,6 +395,7 @@ def _cluster_paths() -> dict[str, dict[str, object]]:
                 },
                 PULL_ERRORS,  # a Hub id is pulled first: its failures too (409: placement)
                 body=_body("/v1/placements"),
+                parameters=[key],
             )
         },
         "/v1/instances": {
@@ -408,7 +418,7 @@ def _cluster_paths() -> dict[str, dict[str, object]]:
                 "Delete an instance: its runners stop.",
                 {200: _json(shape({"deleted": STR}))},
                 (404, 409, *control),
-                parameters=instance_id,
+                parameters=[*instance_id, key],
             ),
         },
         "/v1/cluster/state": {

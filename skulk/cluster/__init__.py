@@ -56,15 +56,20 @@ from ._placement import (
     node_capacities,
     plan,
 )
-from ._state import Instance, State, state_hash
+from ._ports import MAX_COMPUTE_PORTS, usable_compute_ports
+from ._state import KEY_MAX_LENGTH, KEYS_KEPT, Instance, KeyedAsk, State, state_hash
 
 __all__ = [
     "COMMAND_CODEC",
+    "KEYS_KEPT",
+    "KEY_MAX_LENGTH",
     "LATE_AFTER_S",
+    "MAX_COMPUTE_PORTS",
     "RESULT_CODEC",
     "ClusterMachine",
     "HealthReason",
     "Instance",
+    "KeyedAsk",
     "LeaderView",
     "ModelNeeds",
     "NoCandidateNodes",
@@ -98,4 +103,5 @@ __all__ = [
     "plan",
     "state_hash",
     "store_room",
+    "usable_compute_ports",
 ]

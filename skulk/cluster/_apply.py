@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import attrs
 
@@ -39,7 +39,7 @@ from ..wire.cluster import (
     StartDownload,
     UpsertNode,
 )
-from ._state import Instance, Node, Runner, State
+from ._state import KEY_MAX_LENGTH, KEYS_KEPT, Instance, KeyedAsk, Node, Runner, State
 
 T = TypeVar("T")
 APPLIED = Applied()
@@ -114,9 +114,11 @@ def _apply(state: State, command: ClusterCommand) -> State:
             )
         case PlaceInstance():
             return _place(state, command)
-        case DeleteInstance(instance):
+        case DeleteInstance(instance, key):
+            if key is not None and _seen_key(state, key, "delete", instance):
+                return state  # a retried deletion: answered as the first was
             _known_instance(state, instance)
-            return _delete(state, instance)
+            return _remember(_delete(state, instance), key, "delete", instance)
         case SetInstanceStatus(instance, instance_status, at):
             placed = _known_instance(state, instance)
             if placed.status == instance_status:
@@ -156,6 +158,8 @@ def _apply(state: State, command: ClusterCommand) -> State:
 
 def _place(state: State, command: PlaceInstance) -> State:
     _require(bool(command.instance), "bad_value", "empty instance id")
+    if command.key is not None and _seen_key(state, command.key, "place", None):
+        return state  # a retried placement: its instance was committed already
     _require(
         state.instance(command.instance) is None,
         "duplicate_instance",
@@ -191,11 +195,46 @@ def _place(state: State, command: PlaceInstance) -> State:
         command.instance, command.model, command.sharding, shards, "placed", command.at
     )
     runners = (Runner(instance.id, s.rank, s.node, "pending", None, command.at) for s in shards)
-    return attrs.evolve(
+    placed = attrs.evolve(
         state,
         instances=_put(state.instances, instance, _id),
         runners=tuple(sorted((*state.runners, *runners), key=_runner_key)),
     )
+    return _remember(placed, command.key, "place", instance.id)
+
+
+def _seen_key(state: State, key: str, kind: str, instance: str | None) -> bool:
+    """Whether ``key`` (checked) was committed already with a ``kind`` of ``instance`` (any
+    instance: ``None``); ``key_reused`` when it was committed with something else."""
+    _require(
+        0 < len(key) <= KEY_MAX_LENGTH and key.isprintable() and key.isascii(),
+        "bad_value",
+        f"an idempotency key is 1-{KEY_MAX_LENGTH} printable ASCII characters",
+    )
+    seen = state.keyed(key)
+    if seen is None:
+        return False
+    _require(
+        seen.kind == kind and instance in (None, seen.instance),
+        "key_reused",
+        f"idempotency key {key!r} was used for a {seen.kind} of {seen.instance!r}",
+    )
+    return True
+
+
+def _remember(
+    state: State, key: str | None, kind: Literal["place", "delete"], instance: str
+) -> State:
+    """``state`` remembering ``key`` (if any) for a ``kind`` of ``instance``, forgetting the
+    oldest key beyond :data:`KEYS_KEPT`."""
+    if key is None:
+        return state
+    order = max((k.order for k in state.keys), default=0) + 1
+    keys = [*state.keys, KeyedAsk(key, kind, instance, order)]
+    if len(keys) > KEYS_KEPT:
+        oldest = min(keys, key=lambda k: k.order)
+        keys.remove(oldest)
+    return attrs.evolve(state, keys=tuple(sorted(keys, key=lambda k: k.key)))
 
 
 def _start_download(state: State, command: StartDownload) -> State:

@@ -182,10 +182,11 @@ class Plan:
     sharding: Sharding
     shards: tuple[ShardPlan, ...]
 
-    def command(self, instance: str, at: int) -> PlaceInstance:
-        """The command that commits this plan as ``instance`` (``at``: the leader's time)."""
+    def command(self, instance: str, at: int, key: str | None = None) -> PlaceInstance:
+        """The command that commits this plan as ``instance`` (``at``: the leader's time;
+        ``key``: the asker's idempotency key)."""
         shards = tuple(Shard(s.rank, s.node, *s.layers, s.address) for s in self.shards)
-        return PlaceInstance(instance, self.model, self.sharding, shards, at)
+        return PlaceInstance(instance, self.model, self.sharding, shards, at, key=key)
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ that hash equally (:func:`state_hash`) and encode to the same snapshot.
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 import attrs
 import cbor2
@@ -61,11 +62,30 @@ class Runner:
     changed_at: int
 
 
+KEYS_KEPT = 1024
+"""How many idempotency keys the State remembers (:class:`KeyedAsk`): the newest; the oldest
+is forgotten when a keyed command adds one more."""
+KEY_MAX_LENGTH = 255
+"""The longest idempotency key a command may carry (characters)."""
+
+
+@attrs.frozen
+class KeyedAsk:
+    """An idempotency key the State remembers: a ``place`` or ``delete`` of ``instance``
+    committed with it; ``order`` numbers keyed commands (the oldest key goes first)."""
+
+    key: str
+    kind: Literal["place", "delete"]
+    instance: str
+    order: int
+
+
 @attrs.frozen
 class State:
     """The whole cluster State. Build it with :func:`skulk.cluster.apply`, not by hand: the
     tuples must stay sorted by key and unique (``nodes`` by id, ``models`` by id,
-    ``instances`` by id, ``runners`` by (instance, rank), ``downloads`` by (model, node))."""
+    ``instances`` by id, ``runners`` by (instance, rank), ``downloads`` by (model, node),
+    ``keys`` by key)."""
 
     nodes: tuple[Node, ...] = ()
     models: tuple[ModelCard, ...] = ()
@@ -73,6 +93,9 @@ class State:
     runners: tuple[Runner, ...] = ()
     config: ClusterConfig = attrs.field(factory=ClusterConfig)
     downloads: tuple[Download, ...] = ()
+    keys: tuple[KeyedAsk, ...] = ()
+    """The last :data:`KEYS_KEPT` idempotency keys placements and deletions were committed
+    with (a retried ask answers as the first did)."""
 
     def node(self, node_id: str) -> Node | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -88,6 +111,10 @@ class State:
         return next(
             (d for d in self.downloads if d.model == model and d.status == "downloading"), None
         )
+
+    def keyed(self, key: str) -> KeyedAsk | None:
+        """What the idempotency key ``key`` was committed with, if the State remembers it."""
+        return next((k for k in self.keys if k.key == key), None)
 
     def downloads_of(self, model: str) -> tuple[Download, ...]:
         """Every download entry of ``model`` (running and failed), by node."""

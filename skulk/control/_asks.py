@@ -50,10 +50,24 @@ Submit = Callable[[ClusterCommand], Awaitable[ClusterResult]]
 
 
 async def place(
-    ask: PlacementAsk, state: State, sight: LeaderSight, submit: Submit
+    ask: PlacementAsk,
+    state: State,
+    sight: LeaderSight,
+    submit: Submit,
+    current: Callable[[], State] | None = None,
 ) -> ControlReply:
     """Plan ``ask`` on ``state`` and what ``sight`` sees, and commit the plan (unless a dry run
-    or ``if_absent`` finds one already): :class:`Placed`, :class:`Planned` or a refusal."""
+    or ``if_absent`` finds one already): :class:`Placed`, :class:`Planned` or a refusal.
+
+    An ask with a ``key`` the State holds is a retry: it answers the instance that key placed
+    and plans nothing (``key_reused`` when the key was committed with something else). The
+    plan is committed with the key, so a retry that raced its first try (whose entry committed
+    after this plan was made) changes nothing: the answer is read back from ``current()``, the
+    leader's State once the command applied."""
+    if ask.key is not None and not ask.dry_run:
+        replay = _replay(ask, state)
+        if replay is not None:
+            return replay
     if ask.if_absent:
         existing = next((i for i in state.instances if i.model == ask.model), None)
         if existing is not None:
@@ -81,9 +95,13 @@ async def place(
         )
         return Planned(result.model, result.sharding, shards)
     instance = uuid.uuid4().hex[:12]
-    outcome = await submit(result.command(instance, now_ms()))
+    outcome = await submit(result.command(instance, now_ms(), ask.key))
     if isinstance(outcome, Rejected):
         return ControlRefused(outcome.reason, outcome.detail)
+    seen = current().keyed(ask.key) if ask.key is not None and current is not None else None
+    if seen is not None and seen.instance != instance:  # an earlier try of the ask won
+        log.info("placement %s was committed already as %s", ask.key, seen.instance)
+        return Placed(seen.instance, existed=False)
     log.info("placed %s of %s on %s", instance, ask.model, [s.node for s in result.shards])
     return Placed(instance, existed=False)
 
@@ -119,9 +137,25 @@ async def remove_node(
     try:
         await consensus.remove_member(node)
     except (ConsensusError, ProposalRefused) as exc:
-        return ControlRefused("unavailable", f"could not remove {node!r} from Raft: {exc}")
+        return ControlRefused(  # the leader's duties retry it (``_reconcile``)
+            "unavailable",
+            f"could not remove {node!r} from Raft yet ({exc}); the leader keeps trying",
+        )
     log.warning("node %s removed from the cluster", node)
     return NodeRemoved(node)
+
+
+def _replay(ask: PlacementAsk, state: State) -> ControlReply | None:
+    """The answer to a retried keyed ``ask`` whose key ``state`` holds (None: a new key)."""
+    assert ask.key is not None
+    seen = state.keyed(ask.key)
+    if seen is None:
+        return None
+    instance = state.instance(seen.instance)
+    if seen.kind != "place" or (instance is not None and instance.model != ask.model):
+        what = f"{seen.kind} of {seen.instance!r}"
+        return ControlRefused("key_reused", f"idempotency key {ask.key!r} was used for a {what}")
+    return Placed(seen.instance, existed=False)
 
 
 def _refusal(failure: PlacementFailure) -> ControlRefused:

@@ -148,7 +148,7 @@ class ClusterControl:
             code = "unavailable"
             raise ControlUnavailable(code, f"the cluster cannot commit now: {exc}") from exc
         result = decode_result(data)
-        if cause is not None and not isinstance(result, Rejected):
+        if cause is not None and not isinstance(result, Rejected) and _placed(self.state, command):
             self.placements[cause] += 1
         return result
 
@@ -199,7 +199,12 @@ class ClusterControl:
 
     async def ask(self, call: ControlCall) -> ControlReply:
         """Run ``call`` on the leader (here if this node leads). Raises
-        :class:`ControlUnavailable` when no leader answers in time."""
+        :class:`ControlUnavailable` when no leader answers in time.
+
+        A placement without an idempotency key gets one here, so this method's own retries
+        (a lost answer, a leader change) place one instance at most."""
+        if isinstance(call, PlacementAsk) and call.key is None and not call.dry_run:
+            call = attrs.evolve(call, key=uuid.uuid4().hex)
         deadline = trio.current_time() + self._submit_timeout
         while True:
             leader = self._driver.leader
@@ -249,7 +254,9 @@ class ClusterControl:
                 up = {n.id for n in state.nodes if n.status == "up"}
                 usable = up & self._sight.reachable_ids()
                 return await decide_pull(call, state, usable, self.readings(), self.submit)
-            return await place(call, self.state, self._sight, self.submit)
+            return await place(
+                call, self.state, self._sight, self.submit, lambda: self._driver.state
+            )
 
     # ---- the leader's duties (see ``_duties``) ----
 
@@ -338,6 +345,15 @@ class ClusterControl:
                 said = True
             await trio.sleep(delay)
             delay = min(30.0, delay * 2)
+
+
+def _placed(state: State, command: ClusterCommand) -> bool:
+    """Whether applied ``command`` placed its instance (not a keyed retry that changed
+    nothing: the key names another instance)."""
+    if not isinstance(command, PlaceInstance) or command.key is None:
+        return True
+    seen = state.keyed(command.key)
+    return seen is None or seen.instance == command.instance
 
 
 def placement_cause(state: State, command: PlaceInstance) -> tuple[str, str]:

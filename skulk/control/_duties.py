@@ -3,7 +3,8 @@
 and compute ports from telemetry, how long the others have been unreachable, the failures
 counted against each node per model) and commit what :func:`~skulk.cluster.next_commands` says
 — upserts, ``down`` verdicts, re-placements, removals — and take removed nodes out of the Raft
-membership.
+membership; then (outside the ask lock) make the Raft membership follow the State, retrying a
+removal's membership step that failed (:class:`~skulk.control._reconcile.MembershipReconciler`).
 
 A committed re-placement is remembered: a ``single`` instance's failed nodes are avoided by the
 model from then on, and each culprit of a pipeline/tensor instance's failure
@@ -33,6 +34,7 @@ from skulk.wire.cluster import NodeStatusChanged, PlaceInstance, Rejected, Remov
 
 from ._asks import Submit
 from ._families import tensor_families
+from ._reconcile import MembershipReconciler
 from ._rpc import ControlUnavailable
 from ._sight import LeaderSight, now_ms
 
@@ -61,6 +63,7 @@ class LeaderDuties:
         self.strikes: dict[str, dict[str, int]] = {}
         self._last_reachable: dict[str, float] = {}
         self._led_term: int | None = None
+        self.membership = MembershipReconciler(sight, consensus)
 
     async def run(self) -> None:
         fresh = (uuid.uuid4().hex[:12] for _ in itertools.count())
@@ -75,12 +78,19 @@ class LeaderDuties:
                 self._last_reachable.clear()
                 self.avoid.clear()
                 self.strikes.clear()
+                self.membership.reset()
             try:
                 await self.round(fresh)
             except ControlUnavailable as exc:
                 log.debug("leader duties paused: %s", exc)
             except Exception:  # a bug must not take the node (and each next leader) down
                 log.exception("leader duty round failed; trying again in 5 s")
+                await trio.sleep(5.0)
+            state = self._driver.state  # the membership follows the State, commits or not
+            try:
+                await self.membership.round(state, state.config.node_down_after_ms / 1000)
+            except Exception:
+                log.exception("membership round failed; trying again in 5 s")
                 await trio.sleep(5.0)
 
     async def round(self, fresh: Iterator[str]) -> None:

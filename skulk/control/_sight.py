@@ -4,13 +4,16 @@ it, and each node's free memory and compute ports from telemetry. Read by the le
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 
-from skulk.cluster import State, held_bytes
+from skulk.cluster import State, held_bytes, usable_compute_ports
 from skulk.consensus import RaftDriver
 from skulk.federation import Mesh, PeerState
 from skulk.wire.telemetry import ComputePorts, NodeReadings
+
+log = logging.getLogger("skulk.control")
 
 
 def now_ms() -> int:
@@ -33,6 +36,7 @@ class LeaderSight:
         self._driver = driver
         self._mesh = mesh
         self.readings = readings
+        self._said: dict[str, ComputePorts] = {}  # the bad reading last logged, per node
 
     def members(self) -> set[str]:
         conf = self._driver.conf
@@ -63,5 +67,19 @@ class LeaderSight:
         return free
 
     def compute(self) -> dict[str, ComputePorts]:
-        """Compute ports per node, as advertised in telemetry."""
-        return {n: r.compute for n, r in self.readings().items() if r.compute is not None}
+        """Compute ports per node, as advertised in telemetry and checked
+        (:func:`~skulk.cluster.usable_compute_ports`): a node whose reading is not usable is
+        left out, as if it had advertised none (logged once per reading)."""
+        usable: dict[str, ComputePorts] = {}
+        for node, reading in self.readings().items():
+            if reading.compute is None:
+                continue
+            checked = usable_compute_ports(reading.compute)
+            if isinstance(checked, str):
+                if self._said.get(node) != reading.compute:
+                    self._said[node] = reading.compute
+                    log.warning("node %s advertises unusable compute ports: %s", node, checked)
+                continue
+            self._said.pop(node, None)
+            usable[node] = checked
+        return usable

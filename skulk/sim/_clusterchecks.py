@@ -103,6 +103,7 @@ def state_problem(state: State) -> Problem | None:
         ("models", [m.id for m in state.models]),
         ("instances", [i.id for i in state.instances]),
         ("runners", [(r.instance, r.rank) for r in state.runners]),
+        ("keys", [k.key for k in state.keys]),
     ):
         if not _strictly_sorted(keys):
             return "state_shape", f"{name} not sorted by a unique key: {keys}"

@@ -43,6 +43,7 @@ RejectReason = Literal[
     "duplicate_download",
     "model_exists",
     "unknown_download",
+    "key_reused",
 ]
 
 
@@ -201,13 +202,20 @@ class PlaceInstance:
     replaces: str | None = None
     """A move: this existing instance is deleted in the same step (refused if it is gone), so
     a re-placement never leaves two instances, whatever is retried or committed late."""
+    key: str | None = None
+    """The asker's idempotency key: applied, the State remembers it with this instance
+    (:class:`~skulk.cluster.KeyedAsk`), and a later ``PlaceInstance`` with the same key changes
+    nothing (a retry of a placement that was committed already)."""
 
 
 @attrs.frozen
 class DeleteInstance:
-    """Remove an instance and its runner records."""
+    """Remove an instance and its runner records. With ``key`` (the asker's idempotency key),
+    the State remembers the deletion, and a repeat with the same key and instance changes
+    nothing and is ``Applied`` again, even though the instance is gone."""
 
     instance: str
+    key: str | None = None
 
 
 @attrs.frozen
@@ -312,7 +320,10 @@ ClusterResult = Applied | Rejected
 @attrs.frozen
 class PlacementAsk:
     """Any node asks the leader to plan (and, unless ``dry_run``, commit) an instance;
-    ``if_absent``: only if the model has no instance yet (``--model M`` is idempotent)."""
+    ``if_absent``: only if the model has no instance yet (``--model M`` is idempotent).
+    ``key``: the idempotency key (the HTTP client's ``Idempotency-Key``, else one the asking
+    node chose): an ask whose key the State already holds answers the instance that key
+    placed, and plans nothing (a retry after a lost answer places no second instance)."""
 
     model: str
     sharding: Sharding
@@ -322,6 +333,7 @@ class PlacementAsk:
     max_nodes: int | None
     dry_run: bool
     if_absent: bool
+    key: str | None = None
 
 
 @attrs.frozen

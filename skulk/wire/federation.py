@@ -30,11 +30,12 @@ from ._cbor import loads as _strict_loads
 from ._codec import DEFAULT_MAX_DEPTH
 from ._errors import WireError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The federation protocol version; nodes of different versions never form a cluster.
 2: a routed request's end (``RouteEnd``) carries one ``GenerationEnd`` record (issue 20).
 3: the State has downloads (``StartDownload``, ``DownloadFailed``) and ``ReleaseModel``, cards
-have Hub and imported sources, the leader answers ``PullAsk`` (issue 22)."""
+have Hub and imported sources, the leader answers ``PullAsk`` (issue 22).
+4: placements and deletions carry idempotency keys the State remembers (issue 23)."""
 
 HANDSHAKE_MAX_FRAME_SIZE = 4096
 """Limit on one handshake frame's CBOR body; a real one is a few hundred bytes."""

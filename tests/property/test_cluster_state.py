@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from skulk.cluster import (
+    KEYS_KEPT,
     ClusterMachine,
     State,
     apply,
@@ -48,6 +49,7 @@ MODELS = st.sampled_from(["m0", "m1", "zz"])
 INSTANCES = st.sampled_from(["i0", "i1", "i2", ""])
 TIMES = st.integers(0, 10**6)
 SMALL = st.integers(-1, 5)
+KEYS = st.sampled_from([None, None, "k0", "k1", ""])
 
 
 def _cards(dim: st.SearchStrategy[int]) -> st.SearchStrategy[ModelCard]:
@@ -96,7 +98,7 @@ def plans(draw: st.DrawFn, state: State) -> PlaceInstance:
         Shard(r, node, s, e) for r, node, (s, e) in zip(ranks, nodes, ranges, strict=True)
     )
     instance = draw(st.sampled_from(["i0", "i1", "i2", "i3"]) | INSTANCES)
-    return PlaceInstance(instance, model, sharding, shards, draw(TIMES))  # type: ignore[arg-type]
+    return PlaceInstance(instance, model, sharding, shards, draw(TIMES), key=draw(KEYS))  # type: ignore[arg-type]
 
 
 @st.composite
@@ -121,7 +123,7 @@ def commands(state: State, *, wild: bool = True) -> st.SearchStrategy[ClusterCom
         st.builds(RegisterModel, cards),
         plans(state),
         plans(state),
-        st.builds(DeleteInstance, INSTANCES),
+        st.builds(DeleteInstance, INSTANCES, KEYS),
         st.builds(SetInstanceStatus, INSTANCES, st.sampled_from(["placed", "failed"]), TIMES),
         reports(state),
         st.builds(SetConfig, st.builds(ClusterConfig, floor_bytes=st.integers(-1, 10))),
@@ -143,6 +145,7 @@ def check_invariants(state: State) -> None:
         (state.instances, lambda x: x.id),
         (state.runners, lambda x: (x.instance, x.rank)),
         (state.downloads, lambda x: (x.model, x.node)),
+        (state.keys, lambda x: x.key),
     ]:
         keys = [key(i) for i in items]
         assert keys == sorted(set(keys)), "collections are sorted by a unique key"
@@ -170,6 +173,7 @@ def check_invariants(state: State) -> None:
         assert state.model(download.model) is None, "a model with a card downloads no more"
         assert state.node(download.node) is not None, "a removed node takes its downloads"
         assert (download.status == "failed") == (download.reason is not None)
+    assert len(state.keys) <= KEYS_KEPT, "the State keeps a bounded number of keys"
 
 
 def step(state: State, command: ClusterCommand) -> State:
@@ -185,6 +189,10 @@ def step(state: State, command: ClusterCommand) -> State:
         for shard in command.shards:
             node = state.node(shard.node)
             assert node is not None and node.status == "up", "placed only onto up nodes"
+    key = getattr(command, "key", None)
+    if key is not None and isinstance(result, Applied):
+        assert new.keyed(key) is not None, "an applied keyed command leaves its key"
+        assert apply(new, command) == (new, result), "its retry changes nothing, answers Applied"
     check_invariants(new)
     return new
 
