@@ -246,7 +246,16 @@ async def serve(
             weights_client, card, config.home, store, holders=holders, progress=progress
         )
 
-    duties = ModelDuties(node_id, control, store, transfers, fetch_spread, now_ms, hub=hub)
+    duties = ModelDuties(
+        node_id,
+        control,
+        store,
+        transfers,
+        fetch_spread,
+        now_ms,
+        hub=hub,
+        declined=config.home / "declined-models.json",
+    )
 
     def make_service(a: Assignment) -> ModelService:
         card, shard = a.card, a.shard

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 import httpx
@@ -61,10 +61,17 @@ class Reply:
         return f"{self.status} {json.dumps(self.body)[:300]}"
 
 
-def request(method: str, url: str, *, budget: float, body: object = None) -> Reply:
+def request(
+    method: str,
+    url: str,
+    *,
+    budget: float,
+    body: object = None,
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
     """One request with at most ``budget`` seconds per phase (connect, each read)."""
     try:
-        r = httpx.request(method, url, json=body, timeout=_timeout(budget))
+        r = httpx.request(method, url, json=body, headers=headers, timeout=_timeout(budget))
     except httpx.HTTPError as exc:
         return Reply(None, problem=f"{type(exc).__name__}: {exc}")
     try:

@@ -12,6 +12,7 @@ PlaceInstance(…, replaces='OLD')``, ``node N failed instance OLD …``) and re
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -65,7 +66,8 @@ def start_cluster(
 
 def place(s: Session, via: Node, nodes: Sequence[Node], sharding: str) -> InstanceView:
     """Place the demo model on ``nodes`` (``POST /v1/placements`` through ``via``; retried
-    while it is 503, as before every node's compute ports are known) and require a 201."""
+    while it is 503, as before every node's compute ports are known, under one idempotency
+    key) and require a 201."""
     body: dict[str, object] = {
         "model": MODEL,
         "sharding": sharding,
@@ -74,9 +76,12 @@ def place(s: Session, via: Node, nodes: Sequence[Node], sharding: str) -> Instan
     if sharding != "single":
         body.update(min_nodes=len(nodes), max_nodes=len(nodes))
     replies: list[Reply] = []
+    key = {"Idempotency-Key": uuid.uuid4().hex}  # the retries place one instance, not several
 
     def answered() -> bool:
-        reply = request("POST", via.url + "/v1/placements", budget=s.budget(10), body=body)
+        reply = request(
+            "POST", via.url + "/v1/placements", budget=s.budget(10), body=body, headers=key
+        )
         replies.append(reply)
         return reply.status is not None and reply.status != 503
 

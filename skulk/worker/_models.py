@@ -26,10 +26,17 @@ in a worker thread every :data:`STORE_SAMPLE_S` seconds, so a telemetry sample n
 the disk; a model the State lists this node as a holder of and its store no longer has
 (evicted within the budget, removed with ``DELETE /v1/store/{model}``) is released
 (``ReleaseModel``), so no peer asks this node for it.
+
+**A model gone from the store stays gone.** What the store lost that way (by manifest hash) is
+*declined*: it is not spread back onto this node — else a removal would be undone by the next
+wave, and an eviction would thrash. It comes back only when this node needs it after all (an
+instance placed here fetches it, or the leader has it download a pull here), which ends the
+decline. The declined hashes are kept in ``declined`` (a JSON file) across restarts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -123,6 +130,7 @@ class ModelDuties:
         hub: HubAccess = HubAccess(),
         pull: Callable[..., StoredModel] = hub_pull,
         wave_grace: float = WAVE_GRACE_S,
+        declined: Path | None = None,
     ) -> None:
         self.node_id = node_id
         self._control = control
@@ -139,6 +147,9 @@ class ModelDuties:
         self._store_reading: StoreReading | None = None
         #: Spreads that failed, by model: the last error (shown by tests and logs).
         self.spread_failures: dict[str, str] = {}
+        self._declined_file = declined
+        #: Manifest hashes gone from this node's store on purpose: not spread back here.
+        self.declined: set[str] = _read_declined(declined)
 
     # ---- what the node publishes ----
 
@@ -219,6 +230,8 @@ class ModelDuties:
             if self.node_id in card.holders or not card.holders:
                 self._lacking_since.pop(card.id, None)
                 continue
+            if card.manifest_sha256 in self.declined:
+                continue
             since = self._lacking_since.setdefault(card.id, now)
             not_before, _ = self._retry.get(card.id, (0.0, 0.0))
             if now < not_before:
@@ -282,7 +295,7 @@ class ModelDuties:
         finally:
             self.board.finish(model)
         log.info("downloaded %s from the Hub (%s)", model, card.manifest_sha256)
-        await self._commit(RegisterModel(card))
+        await self._accept(card)
 
     # ---- a spread from the holders ----
 
@@ -312,12 +325,28 @@ class ModelDuties:
             log.error("fetched %s but stored %s, not its manifest", card.id, stored.sha256)
             return
         log.info("holding %s (fetched from the cluster)", card.id)
-        await self._commit(RegisterModel(attrs.evolve(card, holders=(self.node_id,))))
+        await self._accept(card)
 
     async def hold(self, card: ModelCard) -> None:
         """This node completed ``card``'s model in its store (a shard's fetch took every
         file): commit it as one more holder."""
+        await self._accept(card)
+
+    async def _accept(self, card: ModelCard) -> None:
+        """This node holds ``card``'s model now: no longer declined; commit it a holder."""
+        if card.manifest_sha256 in self.declined:
+            self.declined.discard(card.manifest_sha256)
+            await self._save_declined()
         await self._commit(RegisterModel(attrs.evolve(card, holders=(self.node_id,))))
+
+    async def _decline(self, shas: Sequence[str]) -> None:
+        if set(shas) - self.declined:
+            self.declined.update(shas)
+            await self._save_declined()
+
+    async def _save_declined(self) -> None:
+        if self._declined_file is not None:
+            await trio.to_thread.run_sync(_write_declined, self._declined_file, self.declined)
 
     def _make_room(self, nbytes: int) -> None:
         self.store.ensure_room(nbytes, self.in_use())
@@ -346,8 +375,11 @@ class ModelDuties:
             except OSError as exc:
                 log.warning("cannot read the model store: %s", exc)
                 gone = []
+            state = self._control.state
+            cards = [card for model in gone if (card := state.model(model)) is not None]
+            await self._decline([c.manifest_sha256 for c in cards if c.manifest_sha256])
             for model in gone:  # evicted, removed or lost: peers must not ask this node
-                log.info("no longer holding %s", model)
+                log.info("no longer holding %s (not fetched back unless needed here)", model)
                 await self._commit(ReleaseModel(model, self.node_id))
             await trio.sleep(STORE_SAMPLE_S)
 
@@ -361,6 +393,26 @@ class ModelDuties:
             and card.manifest_sha256 is not None
             and self.store.lookup(card.manifest_sha256) is None
         ]
+
+
+def _read_declined(path: Path | None) -> set[str]:
+    """The declined hashes kept in ``path`` (none when it is missing or unreadable)."""
+    if path is None:
+        return set()
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return set()
+    return {h for h in found if isinstance(h, str)} if isinstance(found, list) else set()
+
+
+def _write_declined(path: Path, declined: set[str]) -> None:
+    partial_path = path.with_name(path.name + ".partial")
+    partial_path.write_text(json.dumps(sorted(declined)))
+    partial_path.replace(path)  # whole or not at all
 
 
 def store_reading(store: ModelStore) -> StoreReading:

@@ -298,3 +298,48 @@ async def test_a_model_gone_from_the_store_is_released(
         await control.wait_commands()
         nursery.cancel_scope.cancel()
     assert control.commands == [ReleaseModel(card.id, "me")]
+
+
+async def test_a_removed_model_is_not_spread_back_until_this_node_needs_it(
+    tmp_path: Path, model_dir: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Removed from the store while a peer still holds it: released, and declined — the waves
+    do not fetch it back (also after a restart, the decline is kept on disk) — until this node
+    holds it again because it needs it (an instance's fetch), which ends the decline."""
+    store = ModelStore(tmp_path / "store", reserve_bytes=0)
+    declined = tmp_path / "declined-models.json"
+    held = hub_card(model_dir, ("a", "me"))
+    await trio.to_thread.run_sync(store.import_directory, model_dir, held.id)
+    control = FakeControl(State(nodes=nodes("a", "me"), models=(held,)))
+    fetched: list[str] = []
+
+    async def fetch(c: ModelCard, holders: Sequence[str], p: SpreadProgress) -> StoredModel:
+        fetched.append(c.id)
+        return await trio.to_thread.run_sync(store.import_directory, model_dir, c.id)
+
+    worker = duties(control, store, fetch=fetch, wave_grace=0)
+    worker._declined_file = declined
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.to_thread.run_sync(store.remove, held.id)
+        await control.wait_commands()
+        assert control.commands == [ReleaseModel(held.id, "me")]
+        control.set(State(nodes=control.state.nodes, models=(hub_card(model_dir, ("a",)),)))
+        await trio.sleep(120)  # many waves and store samples
+        assert fetched == [] and len(control.commands) == 1
+        nursery.cancel_scope.cancel()
+    assert worker.declined == {held.manifest_sha256}
+    restarted = ModelDuties(
+        "me", control, store, TransferBoard(), fetch, lambda: 1, wave_grace=0, declined=declined
+    )
+    assert restarted.declined == {held.manifest_sha256}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(restarted.run)
+        await trio.sleep(60)
+        assert fetched == []
+        await restarted.hold(hub_card(model_dir, ("me",)))  # an instance here fetched it
+        nursery.cancel_scope.cancel()
+    assert restarted.declined == set()
+    assert isinstance(control.commands[-1], RegisterModel)
+    assert ModelDuties("me", control, store, TransferBoard(), fetch, lambda: 1,
+                       declined=declined).declined == set()  # fmt: skip
