@@ -1,7 +1,13 @@
 """The dashboard in a real browser (headless Chromium, driven by Playwright) against three real
-nodes on loopback: the page served by A shows every node by id, places the demo model on B
-through its form and sees the runner reach ``ready``, streams a chat answer, and turns C's
-health badge to ``error`` once C is SIGKILLed; the browser console stays free of errors.
+nodes on loopback, whose Hub endpoint is the tests' own (``tests/hubserver.py``): through the
+page served by A, a pull of a generated repo shows its download moving and ends with the model
+in every node's store (a missing repo is its ``repo_not_found`` 404), the pulled model is placed
+by its Hub id, and its Remove is refused while in use; then the page shows every node by id,
+places the demo model on B through its form and sees the runner reach ``ready``, streams a chat
+answer, and turns C's health badge to ``error`` once C is SIGKILLed; the browser console stays
+free of errors. Fed by the test alone, the page shows health, serving figures, and the Models
+view's downloads (per node and file: bytes, rate, ETA; a failed one's reason), stores, a
+pull's live figures and typed refusals.
 
 Each step's screenshot is kept under ``test-artifacts/dashboard/`` (git-ignored; the
 ``SKULK_TEST_ARTIFACTS`` environment variable moves it). Chromium is Debian's ``chromium``
@@ -13,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +31,18 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
 
 from skulk.harness import NodeProcess
+from skulk.models import ModelShape, ensure_demo_model, write_generated_model
+from tests.hubserver import HubServer, repo_files, running_hub
 
 pytestmark = pytest.mark.e2e
 
 SECRET = "7c" * 32
 MODEL = "skulk-demo"
+REPO = "org/dash-tiny"  # served by the tests' Hub endpoint
+MISSING = "org/no-such-repo"
+#: Seconds the Hub endpoint pauses after each 64 KiB block of REPO's weights (~13 blocks): the
+#: download lasts a few seconds, long enough for the page to show it moving.
+HUB_BLOCK_PAUSE = 0.4
 DOWN_AFTER = 2.0  # --node-down-after, seconds
 #: What the badge may take beyond the down-after deadline: a telemetry round, the feed's tick
 #: and a slow shared CI machine.
@@ -48,7 +63,29 @@ ARTIFACTS = Path(
 
 
 @pytest.fixture(scope="module")
-def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def dash_hub(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    """The tests' local Hub endpoint, serving a small generated model as :data:`REPO`, whose
+    files it sends slowly (a pause after each 64 KiB block) so that its download is seen."""
+    root = tmp_path_factory.mktemp("dash-hub")
+    demo = ensure_demo_model(skulk_home)
+    model = write_generated_model(root / "tiny", ModelShape(layers=2), demo, files=2, seed=5)
+    with running_hub() as server:
+        server.add_repo(REPO, repo_files(model))
+        counted = server._count
+
+        def slowly(key: tuple[str, str], n: int) -> None:
+            counted(key, n)
+            if key[1].endswith(".safetensors"):
+                time.sleep(HUB_BLOCK_PAUSE)
+
+        server._count = slowly  # type: ignore[method-assign]
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    skulk_home: Path, dash_hub: HubServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("dash-cluster")
     started: dict[str, NodeProcess] = {}
 
@@ -56,7 +93,9 @@ def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         home = root / name
         home.mkdir()
         (home / "models").symlink_to(skulk_home / "models")  # one demo model for all
-        node = NodeProcess(home, *args, env={"SKULK_CLUSTER_SECRET": SECRET})
+        env = {"SKULK_CLUSTER_SECRET": SECRET, "HF_ENDPOINT": dash_hub.url,
+               "HF_HOME": str(home / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
+        node = NodeProcess(home, *args, env=env)
         started[name] = node
         return node.start(wait_ready=False)
 
@@ -65,11 +104,11 @@ def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         start("b", "--join", a.ws_url, "--model", "none")
         start("c", "--join", a.ws_url, "--model", "none")
 
-        def all_up() -> bool:
+        def all_up() -> bool:  # and each with its store published (a pull needs them)
             rows = a.get("/v1/cluster/nodes").json()["nodes"]
-            return len([r for r in rows if r.get("status") == "up"]) == 3
+            return len([r for r in rows if r.get("status") == "up" and r.get("store")]) == 3
 
-        a.wait_for(all_up, 90, "every node up in A's State")
+        a.wait_for(all_up, 90, "every node up in A's State, with its store")
         yield started
     finally:
         for node in started.values():
@@ -100,6 +139,82 @@ def snap(page: Page, name: str) -> None:
     folder = ARTIFACTS / "dashboard"
     folder.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=folder / f"{name}.png", full_page=True)
+
+
+def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
+    nodes: dict[str, NodeProcess], page: tuple[Page, list[str]]
+) -> None:
+    """Runs first (before a node is killed): through A's page, a repo the Hub lacks is a
+    ``repo_not_found`` 404 with what to do; a pull of :data:`REPO` shows its download moving
+    (per node, file, bytes, rate) and ends ``done``, the model in all three stores; placed by
+    its Hub id through the placement form, A's Remove of it is refused while the instance
+    uses it, and once the instance is removed it leaves A's store (B's keeps it)."""
+    tab, errors = page
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    tab.goto(a.url + "/")
+    expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
+
+    tab.fill("#pull-model", MISSING)
+    tab.click("#pull")
+    failure = tab.locator('[data-testid="pull-error"]')
+    expect(failure).to_contain_text("repo_not_found (404)", timeout=30_000)
+    expect(failure).to_contain_text(MISSING)
+    expect(failure).to_contain_text("Check the id")
+    snap(tab, "10-pull-404")
+
+    tab.fill("#pull-model", REPO)
+    tab.click("#pull")
+    # The download moving, in the pull's own view and under Downloads (the feed's telemetry).
+    moving = tab.locator('[data-testid^="pull-transfer-"]').filter(has_text="the Hub")
+    expect(moving.first).to_contain_text("/s", timeout=60_000)
+    expect(tab.locator("#pull-status")).to_have_attribute("data-phases", re.compile("downloading"))
+    listed = tab.locator(f'#downloads [data-testid$="-{REPO}"]').filter(has_text="the Hub")
+    expect(listed.first).to_contain_text("safetensors", timeout=30_000)
+    snap(tab, "11-pull-progress")
+    expect(tab.locator("#pull-status")).to_have_attribute("data-phase", "done", timeout=120_000)
+    expect(tab.locator('[data-testid="pulled"]')).to_contain_text("in the store of 3 nodes")
+    state = a.get("/v1/cluster/state").json()
+    sha = next(m["manifest_sha256"] for m in state["models"] if m["id"] == REPO)
+    for node in (a, b, c):  # every node's store lists it (the others' by their readings)
+        row = tab.locator(f'[data-testid="stored-{node.node_id}-{sha}"]')
+        expect(row).to_contain_text(REPO, timeout=30_000)
+        expect(row).to_contain_text("3: ")  # three holders
+    snap(tab, "12-pulled-stores")
+
+    # Placed by its Hub id, through the placement form ("Place it" fills the model in).
+    tab.click("#pull-place")
+    expect(tab.locator("#place-model")).to_have_value(REPO)
+    tab.check(f'#place-nodes input[value="{a.node_id}"]')
+    tab.click("#place")
+    expect(tab.locator('[data-testid="placed"]')).to_be_visible(timeout=60_000)
+    instance = a.get("/v1/instances").json()["instances"][0]
+    assert instance["model"] == REPO and instance["shards"][0]["node"] == a.node_id
+
+    # A's Remove is refused while the instance uses the model: the refusal is shown.
+    remove = tab.locator(f'[data-testid="store-remove-{a.node_id}-{sha}"]')
+    remove.click()
+    expect(remove).to_have_text("Confirm remove")
+    remove.click()
+    refusal = tab.locator('[data-testid="store-refusal"]')
+    expect(refusal).to_contain_text("model_in_use (409)", timeout=15_000)
+    expect(refusal).to_contain_text(instance["id"])
+    snap(tab, "13-remove-refused")
+
+    # The instance removed, the model leaves A's store; B's copy stays.
+    tab.click(f'[data-testid="remove-{instance["id"]}"]')
+    tab.click(f'[data-testid="remove-{instance["id"]}"]')
+    expect(tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')).to_have_count(
+        0, timeout=30_000
+    )
+    remove.click()
+    remove.click()
+    expect(tab.locator('[data-testid="store-removed"]')).to_contain_text(a.node_id)
+    expect(tab.locator(f'[data-testid="stored-{a.node_id}-{sha}"]')).to_have_count(0)
+    expect(tab.locator(f'[data-testid="stored-{b.node_id}-{sha}"]')).to_contain_text(REPO)
+    stored = a.get("/v1/store").json()["store"]["stored"]
+    assert all(m["sha256"] != sha for m in stored)
+    snap(tab, "14-removed")
+    assert all(" 404 " in e or " 409 " in e for e in errors), errors
 
 
 def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
@@ -275,3 +390,134 @@ def test_the_page_renders_health_and_serving_as_the_contract_gives_them(
         expect(row).to_contain_text(shown)
     snap(tab, "7-contract")
     assert errors == [], errors
+
+
+MIB = 2**20
+SHA = "ab" * 32
+
+
+def models_snapshot() -> dict[str, Any]:
+    """A feed snapshot of the Models view as ``/v1/downloads`` and ``/v1/store`` answer: n1
+    downloads org/big from the Hub (a file in flight), n2 fetches it from peers, n3's download
+    of org/huge failed (disk_full); n1 (the page's node) and n2 hold org/small."""
+    transfer = {"node": "n1", "model": "org/big", "source": "hub",
+                "file": "model-00001-of-00002.safetensors", "file_done": MIB,
+                "file_total": 4 * MIB, "bytes_done": 3 * MIB, "bytes_total": 8 * MIB,
+                "rate_bps": 2 * MIB, "eta_s": 150.0, "started_at": 1.0}  # fmt: skip
+    peers = {**transfer, "node": "n2", "source": "peers", "file": "", "file_done": 0,
+             "file_total": 0, "bytes_done": 0, "rate_bps": 0.0, "eta_s": None}  # fmt: skip
+    failed = {"model": "org/huge", "repo": "org/huge", "commit": "c" * 40, "node": "n3",
+              "total_bytes": 900 * MIB, "status": "failed", "changed_at": 5.0,
+              "reason": "disk_full", "detail": "needs 900 MiB, 12 MiB free"}  # fmt: skip
+    stored = {"sha256": SHA, "names": ["org/small"], "size": 5 * MIB, "last_used": 880.0,
+              "models": ["org/small"], "holders": ["n1", "n2"]}  # fmt: skip
+    store = {"used_bytes": 5 * MIB, "budget_bytes": None, "available_bytes": 40 * 2**30,
+             "stored": [stored]}  # fmt: skip
+    n2_store = {**store, "budget_bytes": 10 * 2**30, "stored": [{**stored, "last_used": 1.0}]}
+    card = {"model": "org/small", "manifest_sha256": SHA, "weight_bytes": 5 * MIB,
+            "source": {"kind": "hub", "repo": "org/small", "commit": "d" * 40},
+            "holders": ["n1", "n2"]}  # fmt: skip
+    snap = contract_snapshot()
+    snap.update(at=1000.0, instances={"instances": []},
+                downloads={"downloads": [failed], "transfers": [transfer, peers]},
+                store={"node": "n1", "store": store,
+                       "nodes": [{"node": "n1", **store, "stored": []},
+                                 {"node": "n2", **n2_store}],
+                       "models": [card]})  # fmt: skip
+    return snap
+
+
+def pull_lines() -> bytes:
+    """A pull's NDJSON stream, cut while downloading (its follower sees the last figures)."""
+    base = {"model": "org/big", "repo": "org/big", "commit": "e" * 40, "total_bytes": 8 * MIB,
+            "done_bytes": 0, "target_bytes": 16 * MIB, "downloader": None, "holders": [],
+            "nodes": ["n1", "n2"], "transfers": []}  # fmt: skip
+    checking = {**base, "phase": "checking"}
+    downloading = {**base, "phase": "downloading", "downloader": "n1", "done_bytes": 3 * MIB,
+                   "transfers": models_snapshot()["downloads"]["transfers"][:1]}  # fmt: skip
+    return b"".join(json.dumps(line).encode() + b"\n" for line in (checking, downloading))
+
+
+def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
+    page: tuple[Page, list[str]],
+) -> None:
+    """The page alone, the API answered by the test: per node the file in flight with bytes,
+    rate and ETA, a failed download's reason, every node's store; a pull's live figures; a
+    gated repo's 401 and a Remove refused while the model is in use, each with its code."""
+    from skulk.api._dashboard import ASSETS
+
+    tab, errors = page
+    feed = b"event: snapshot\ndata: " + json.dumps(models_snapshot()).encode() + b"\n\n"
+    refusals = {
+        "org/gated": (401, "gated", "Access to model org/gated is restricted."),
+        f"/v1/store/{SHA}": (409, "model_in_use", "model 'ab' is in use by instance(s) i9"),
+    }
+
+    def envelope(status: int, code: str, message: str) -> dict[str, Any]:
+        kind = "invalid_request_error"
+        return {"error": {"message": message, "type": kind, "param": "model", "code": code}}
+
+    def answer(route: Route) -> None:
+        path = urlsplit(route.request.url).path
+        if path == "/" or path.startswith("/dashboard/"):
+            name = "index.html" if path == "/" else path.removeprefix("/dashboard/")
+            kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
+            route.fulfill(body=ASSETS[name], content_type=kind[name.rsplit(".", 1)[1]])
+        elif path == "/v1/dashboard/events":
+            route.fulfill(body=feed, content_type="text/event-stream")
+        elif path == "/v1/pulls":
+            asked = json.loads(route.request.post_data or "{}")["model"]
+            if asked in refusals:
+                status, code, message = refusals[asked]
+                route.fulfill(status=status, json=envelope(status, code, message))
+            else:
+                route.fulfill(body=pull_lines(), content_type="application/x-ndjson")
+        elif path in refusals and route.request.method == "DELETE":
+            status, code, message = refusals[path]
+            route.fulfill(status=status, json=envelope(status, code, message))
+        elif path == "/v1/models":
+            route.fulfill(json={"object": "list", "data": []})
+        else:
+            route.fulfill(json={"models": []})
+
+    tab.route("http://dash.test/**", answer)
+    tab.goto("http://dash.test/")
+    hub_row = tab.locator('[data-testid="download-n1-org/big"]')
+    for shown in ("the Hub", "model-00001-of-00002.safetensors", "1.0 MiB / 4.0 MiB",
+                  "3.0 MiB / 8.0 MiB", "2.0 MiB/s", "2 min 30 s"):  # fmt: skip
+        expect(hub_row).to_contain_text(shown, timeout=15_000)
+    expect(tab.locator('[data-testid="download-n2-org/big"]')).to_contain_text("peers")
+    failed = tab.locator('[data-testid="download-failed-n3-org/huge"]')
+    expect(failed).to_contain_text("failed disk_full: needs 900 MiB, 12 MiB free")
+    # The page's own store is its fresh answer (not n1's older reading); n2's is its reading.
+    mine = tab.locator(f'[data-testid="stored-n1-{SHA}"]')
+    for shown in ("org/small", "5.0 MiB", "2 min 00 s ago", "2: n1, n2", "(this node)"):
+        expect(mine).to_contain_text(shown)
+    theirs = tab.locator(f'[data-testid="stored-n2-{SHA}"]')
+    expect(theirs).to_contain_text("budget 10.0 GiB")
+    expect(theirs.locator("button")).to_have_count(0)  # removed through its own node
+    snap(tab, "8-models-contract")
+
+    # A pull followed live: the phase, the cluster's bytes, the downloader's file, rate, ETA.
+    tab.fill("#pull-model", "org/big")
+    tab.click("#pull")
+    status = tab.locator("#pull-status")
+    expect(status).to_have_attribute("data-phases", "checking downloading")
+    expect(tab.locator('[data-testid="pull-bytes"]')).to_contain_text("3.0 MiB / 16.0 MiB")
+    row = tab.locator('[data-testid="pull-transfer-n1"]')
+    for shown in ("the Hub", "1.0 MiB / 4.0 MiB", "2.0 MiB/s", "2 min 30 s"):
+        expect(row).to_contain_text(shown)
+    # A gated repo: its code and status, the Hub's message and what to do.
+    tab.fill("#pull-model", "org/gated")
+    tab.click("#pull")
+    error = tab.locator('[data-testid="pull-error"]')
+    expect(error).to_contain_text("gated (401): Access to model org/gated is restricted.")
+    expect(error).to_contain_text("HF_TOKEN")
+    # Remove (pressed twice) refused while in use: the refusal as the node gave it.
+    tab.click(f'[data-testid="store-remove-n1-{SHA}"]')
+    tab.click(f'[data-testid="store-remove-n1-{SHA}"]')
+    expect(tab.locator('[data-testid="store-refusal"]')).to_contain_text(
+        "model_in_use (409): Remove org/small: model 'ab' is in use by instance(s) i9"
+    )
+    snap(tab, "9-models-refusals")
+    assert all(" 401 " in e or " 409 " in e for e in errors), errors

@@ -34,8 +34,8 @@ export function renderDownloads(target, snap) {
         h("td", {}, t.source === "hub" ? "the Hub" : "peers"),
         h("td", {}, t.file ? [h("code", {}, t.file), " ", progress(t.file_done, t.file_total)] : "–"),
         h("td", {}, progress(t.bytes_done, t.bytes_total)),
-        h("td", {}, rate(t.rate_bps)),
-        h("td", {}, duration(t.eta_s)),
+        h("td", { class: "nowrap" }, rate(t.rate_bps)),
+        h("td", { class: "nowrap" }, duration(t.eta_s)),
       ),
     );
   }
@@ -82,7 +82,7 @@ function usage(s) {
 
 function removeButton(node, m, rerender) {
   const armed = confirming === m.sha256;
-  const name = (m.names && m.names[0]) || m.sha256.slice(0, 12);
+  const name = (m.models && m.models[0]) || (m.names && m.names[0]) || m.sha256.slice(0, 12);
   return h(
     "button",
     {
@@ -123,16 +123,17 @@ export function renderStore(target, snap, rerender) {
       continue;
     }
     stored.forEach((m, i) => {
-      const names = [...new Set([...(m.models || []), ...(m.names || [])])];
+      // The cluster's names for it (its cards) when it has any; else the store's own names.
+      const names = (m.models || []).length ? m.models : m.names || [];
       const holders = m.holders || [];
       rows.push(
         h(
           "tr",
           { "data-testid": `stored-${s.node}-${m.sha256}`, "data-names": names.join(" ") },
           i === 0 ? nodeCell : null,
-          h("td", { title: `manifest sha256 ${m.sha256}` }, names.length ? names.join(", ") : h("code", {}, m.sha256.slice(0, 12))),
-          h("td", {}, bytes(m.size)),
-          h("td", { title: m.last_used ? clock(m.last_used) : "" }, m.last_used ? `${duration(snap.at - m.last_used)} ago` : "never"),
+          h("td", { title: [`manifest sha256 ${m.sha256}`, ...(m.names || [])].join("\n") }, names.length ? names.join(", ") : h("code", {}, m.sha256.slice(0, 12))),
+          h("td", { class: "nowrap" }, bytes(m.size)),
+          h("td", { class: "nowrap", title: m.last_used ? clock(m.last_used) : "" }, m.last_used ? `${duration(snap.at - m.last_used)} ago` : "never"),
           h("td", {}, holders.length ? `${holders.length}: ${holders.join(", ")}` : "–"),
           h("td", {}, here ? removeButton(s.node, m, rerender) : h("span", { class: "muted small" }, "on its node's page")),
         ),

@@ -51,7 +51,8 @@ function transferTable(status) {
     seen.set(t.node, { ...t, finished: false });
   }
   for (const [node, t] of seen) {
-    if (!live.has(node) && (status.holders || []).includes(node)) seen.set(node, { ...t, finished: true });
+    const held = !live.has(node) && (status.holders || []).includes(node);
+    if (held || status.phase === "done") seen.set(node, { ...t, finished: true });
   }
   if (!seen.size) return null;
   const rows = [...seen.values()].sort((a, b) => a.node.localeCompare(b.node)).map((t) =>
@@ -66,7 +67,7 @@ function transferTable(status) {
       h("td", {}, t.finished ? "–" : duration(t.eta_s)),
     ),
   );
-  const head = ["node", "from", "file", "model", "rate", "ETA"];
+  const head = ["node", "from", "file", "model bytes", "rate", "ETA"];
   return h("table", {}, h("thead", {}, h("tr", {}, head.map((c) => h("th", {}, c)))), h("tbody", {}, rows));
 }
 
