@@ -215,4 +215,6 @@ async def test_the_feed_carries_the_downloads_and_the_stores(node: tuple[Any, An
     assert snap["downloads"] == await (await client.get("/v1/downloads")).get_json()
     assert snap["downloads"] == {"downloads": [], "transfers": []}
     assert snap["store"] == await (await client.get("/v1/store")).get_json()
-    assert snap["store"]["node"] == "a" and "downloads" not in snap["errors"]
+    store, errors = snap["store"], snap["errors"]
+    assert isinstance(store, dict) and store["node"] == "a"
+    assert isinstance(errors, dict) and "downloads" not in errors and "store" not in errors
