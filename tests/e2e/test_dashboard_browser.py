@@ -442,15 +442,20 @@ def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
     page: tuple[Page, list[str]],
 ) -> None:
     """The page alone, the API answered by the test: per node the file in flight with bytes,
-    rate and ETA, a failed download's reason, every node's store; a pull's live figures; a
-    gated repo's 401 and a Remove refused while the model is in use, each with its code."""
+    rate and ETA, a failed download's reason, every node's store; a pull's live figures (and
+    that its stream was cut); typed refusals (gated 401, unsupported_architecture 422,
+    disk_full 507, a placement's repo_not_found 404) with what to do, and a Remove refused
+    while the model is in use, each with its code."""
     from skulk.api._dashboard import ASSETS
 
     tab, errors = page
     feed = b"event: snapshot\ndata: " + json.dumps(models_snapshot()).encode() + b"\n\n"
     refusals = {
         "org/gated": (401, "gated", "Access to model org/gated is restricted."),
+        "org/bert": (422, "unsupported_architecture", "org/bert: BertModel is not supported"),
+        "org/huge": (507, "disk_full", "org/huge needs 900 GiB; the most room is 40 GiB"),
         f"/v1/store/{SHA}": (409, "model_in_use", "model 'ab' is in use by instance(s) i9"),
+        "/v1/placements": (404, "repo_not_found", "Hub repo org/nope not found"),
     }
 
     def envelope(status: int, code: str, message: str) -> dict[str, Any]:
@@ -472,7 +477,7 @@ def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
                 route.fulfill(status=status, json=envelope(status, code, message))
             else:
                 route.fulfill(body=pull_lines(), content_type="application/x-ndjson")
-        elif path in refusals and route.request.method == "DELETE":
+        elif path in refusals and route.request.method in ("DELETE", "POST"):
             status, code, message = refusals[path]
             route.fulfill(status=status, json=envelope(status, code, message))
         elif path == "/v1/models":
@@ -507,17 +512,27 @@ def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
     row = tab.locator('[data-testid="pull-transfer-n1"]')
     for shown in ("the Hub", "1.0 MiB / 4.0 MiB", "2.0 MiB/s", "2 min 30 s"):
         expect(row).to_contain_text(shown)
-    # A gated repo: its code and status, the Hub's message and what to do.
-    tab.fill("#pull-model", "org/gated")
-    tab.click("#pull")
-    error = tab.locator('[data-testid="pull-error"]')
-    expect(error).to_contain_text("gated (401): Access to model org/gated is restricted.")
-    expect(error).to_contain_text("HF_TOKEN")
+    expect(tab.locator('[data-testid="pull-cut"]')).to_contain_text("the download goes on")
+    # Typed refusals: each one's code and status, the node's message and what to do.
+    for repo, remedy in (("org/gated", "HF_TOKEN"), ("org/bert", "mlx-lm cannot load"),
+                         ("org/huge", "--store-budget")):  # fmt: skip
+        status, code, message = refusals[repo]
+        tab.fill("#pull-model", repo)
+        tab.click("#pull")
+        error = tab.locator(f'[data-testid="pull-error"][data-code="{code}"]')
+        expect(error).to_contain_text(f"{code} ({status}): {message}")
+        expect(error).to_contain_text(remedy)
     # Remove (pressed twice) refused while in use: the refusal as the node gave it.
     tab.click(f'[data-testid="store-remove-n1-{SHA}"]')
     tab.click(f'[data-testid="store-remove-n1-{SHA}"]')
     expect(tab.locator('[data-testid="store-refusal"]')).to_contain_text(
         "model_in_use (409): Remove org/small: model 'ab' is in use by instance(s) i9"
     )
+    # The placement form takes a Hub id; the pull's refusal is shown with what to do.
+    tab.fill("#place-model", "org/nope")
+    tab.click("#preview")
+    refused = tab.locator("#place-result")
+    expect(refused).to_contain_text("repo_not_found (404): Hub repo org/nope not found")
+    expect(refused).to_contain_text("Check the id")
     snap(tab, "9-models-refusals")
-    assert all(" 401 " in e or " 409 " in e for e in errors), errors
+    assert all(re.search(r" (401|404|409|422|507) ", e) for e in errors), errors

@@ -147,6 +147,9 @@ async function pull(model) {
         statusView(line);
       }
     }, { signal: controller.signal });
+    if (!controller.signal.aborted && !["done", "failed"].includes(target.dataset.phase)) {
+      target.append(h("p", { class: "muted", "data-testid": "pull-cut" }, "The stream ended before the pull was done; the download goes on in the cluster (see Downloads)."));
+    }
   } catch (err) {
     if (controller.signal.aborted) return;
     target.dataset.phase = "failed";
