@@ -5,20 +5,16 @@ in every node's store (a missing repo is its ``repo_not_found`` 404), the pulled
 by its Hub id, and its Remove is refused while in use; then the page shows every node by id,
 places the demo model on B through its form and sees the runner reach ``ready``, streams a chat
 answer, and turns C's health badge to ``error`` once C is SIGKILLed; the browser console stays
-free of errors. Fed by the test alone, the page shows health, serving figures, and the Models
-view's downloads (per node and file: bytes, rate, ETA; a failed one's reason), stores, a
-pull's live figures and typed refusals.
+free of errors. Fed by the test alone, the page shows health and serving figures (the Models
+view fed so: ``test_dashboard_models_browser.py``).
 
-Each step's screenshot is kept under ``test-artifacts/dashboard/`` (git-ignored; the
-``SKULK_TEST_ARTIFACTS`` environment variable moves it). Chromium is Debian's ``chromium``
-package (``.ci/run`` installs it when missing): Playwright's own browser download cannot run
-here, so the test launches it by path.
+Each step's screenshot is kept under ``test-artifacts/dashboard/`` (``tests/e2e/_browser.py``:
+the browser, Debian's ``chromium`` launched by path).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import time
@@ -28,12 +24,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
+from playwright.sync_api import Page, Route, expect
 
 from skulk.harness import NodeProcess
 from skulk.models import ModelShape, ensure_demo_model, write_generated_model
+from tests.e2e._browser import FED, page, served_asset, snap
 from tests.hubserver import HubServer, repo_files, running_hub
 
+__all__ = ["page"]  # fixtures
 pytestmark = pytest.mark.e2e
 
 SECRET = "7c" * 32
@@ -47,19 +45,6 @@ DOWN_AFTER = 2.0  # --node-down-after, seconds
 #: What the badge may take beyond the down-after deadline: a telemetry round, the feed's tick
 #: and a slow shared CI machine.
 SLACK = 20.0
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = Path(
-    os.environ.get("SKULK_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
-)
 
 
 @pytest.fixture(scope="module")
@@ -113,32 +98,6 @@ def nodes(
     finally:
         for node in started.values():
             node.stop()
-
-
-@pytest.fixture
-def page() -> Iterator[tuple[Page, list[str]]]:
-    """A fresh page, and the browser console's errors (and uncaught exceptions) as they come."""
-    errors: list[str] = []
-
-    def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            errors.append(f"console: {message.text} at {message.location}")
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1280, "height": 1000})
-            tab.on("console", on_console)
-            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-            yield tab, errors
-        finally:
-            browser.close()
-
-
-def snap(page: Page, name: str) -> None:
-    folder = ARTIFACTS / "dashboard"
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=folder / f"{name}.png", full_page=True)
 
 
 def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
@@ -357,26 +316,22 @@ def test_the_page_renders_health_and_serving_as_the_contract_gives_them(
 ) -> None:
     """The page alone (its files from the package, the API answered by the test): health
     badges with reasons and remedies, and each rank's load, tokens/s, TTFT and KV use."""
-    from skulk.api._dashboard import ASSETS
-
     tab, errors = page
     feed = b"event: snapshot\ndata: " + json.dumps(contract_snapshot()).encode() + b"\n\n"
 
     def answer(route: Route) -> None:
         path = urlsplit(route.request.url).path
-        if path == "/" or path.startswith("/dashboard/"):
-            name = "index.html" if path == "/" else path.removeprefix("/dashboard/")
-            kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
-            route.fulfill(body=ASSETS[name], content_type=kind[name.rsplit(".", 1)[1]])
-        elif path == "/v1/dashboard/events":
+        if served_asset(route):
+            return
+        if path == "/v1/dashboard/events":
             route.fulfill(body=feed, content_type="text/event-stream")
         elif path == "/v1/models":
             route.fulfill(json={"object": "list", "data": [{"id": "m"}]})
         else:
             route.fulfill(json={"models": []})
 
-    tab.route("http://dash.test/**", answer)
-    tab.goto("http://dash.test/")
+    tab.route(f"{FED}/**", answer)
+    tab.goto(f"{FED}/")
     badge = tab.locator('[data-testid="badge-n1"]')
     expect(badge).to_have_attribute("data-level", "warn", timeout=15_000)
     assert "Free disk space" in badge.locator("title").text_content()  # type: ignore[operator]
@@ -390,149 +345,3 @@ def test_the_page_renders_health_and_serving_as_the_contract_gives_them(
         expect(row).to_contain_text(shown)
     snap(tab, "7-contract")
     assert errors == [], errors
-
-
-MIB = 2**20
-SHA = "ab" * 32
-
-
-def models_snapshot() -> dict[str, Any]:
-    """A feed snapshot of the Models view as ``/v1/downloads`` and ``/v1/store`` answer: n1
-    downloads org/big from the Hub (a file in flight), n2 fetches it from peers, n3's download
-    of org/huge failed (disk_full); n1 (the page's node) and n2 hold org/small."""
-    transfer = {"node": "n1", "model": "org/big", "source": "hub",
-                "file": "model-00001-of-00002.safetensors", "file_done": MIB,
-                "file_total": 4 * MIB, "bytes_done": 3 * MIB, "bytes_total": 8 * MIB,
-                "rate_bps": 2 * MIB, "eta_s": 150.0, "started_at": 1.0}  # fmt: skip
-    peers = {**transfer, "node": "n2", "source": "peers", "file": "", "file_done": 0,
-             "file_total": 0, "bytes_done": 0, "rate_bps": 0.0, "eta_s": None}  # fmt: skip
-    failed = {"model": "org/huge", "repo": "org/huge", "commit": "c" * 40, "node": "n3",
-              "total_bytes": 900 * MIB, "status": "failed", "changed_at": 5.0,
-              "reason": "disk_full", "detail": "needs 900 MiB, 12 MiB free"}  # fmt: skip
-    stored = {"sha256": SHA, "names": ["org/small"], "size": 5 * MIB, "last_used": 880.0,
-              "models": ["org/small"], "holders": ["n1", "n2"]}  # fmt: skip
-    store = {"used_bytes": 5 * MIB, "budget_bytes": None, "available_bytes": 40 * 2**30,
-             "stored": [stored]}  # fmt: skip
-    n2_store = {**store, "budget_bytes": 10 * 2**30, "stored": [{**stored, "last_used": 1.0}]}
-    card = {"model": "org/small", "manifest_sha256": SHA, "weight_bytes": 5 * MIB,
-            "source": {"kind": "hub", "repo": "org/small", "commit": "d" * 40},
-            "holders": ["n1", "n2"]}  # fmt: skip
-    snap = contract_snapshot()
-    snap.update(at=1000.0, instances={"instances": []},
-                downloads={"downloads": [failed], "transfers": [transfer, peers]},
-                store={"node": "n1", "store": store,
-                       "nodes": [{"node": "n1", **store, "stored": []},
-                                 {"node": "n2", **n2_store}],
-                       "models": [card]})  # fmt: skip
-    return snap
-
-
-def pull_lines() -> bytes:
-    """A pull's NDJSON stream, cut while downloading (its follower sees the last figures)."""
-    base = {"model": "org/big", "repo": "org/big", "commit": "e" * 40, "total_bytes": 8 * MIB,
-            "done_bytes": 0, "target_bytes": 16 * MIB, "downloader": None, "holders": [],
-            "nodes": ["n1", "n2"], "transfers": []}  # fmt: skip
-    checking = {**base, "phase": "checking"}
-    downloading = {**base, "phase": "downloading", "downloader": "n1", "done_bytes": 3 * MIB,
-                   "transfers": models_snapshot()["downloads"]["transfers"][:1]}  # fmt: skip
-    return b"".join(json.dumps(line).encode() + b"\n" for line in (checking, downloading))
-
-
-def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
-    page: tuple[Page, list[str]],
-) -> None:
-    """The page alone, the API answered by the test: per node the file in flight with bytes,
-    rate and ETA, a failed download's reason, every node's store; a pull's live figures (and
-    that its stream was cut); typed refusals (gated 401, unsupported_architecture 422,
-    disk_full 507, a placement's repo_not_found 404) with what to do, and a Remove refused
-    while the model is in use, each with its code."""
-    from skulk.api._dashboard import ASSETS
-
-    tab, errors = page
-    feed = b"event: snapshot\ndata: " + json.dumps(models_snapshot()).encode() + b"\n\n"
-    refusals = {
-        "org/gated": (401, "gated", "Access to model org/gated is restricted."),
-        "org/bert": (422, "unsupported_architecture", "org/bert: BertModel is not supported"),
-        "org/huge": (507, "disk_full", "org/huge needs 900 GiB; the most room is 40 GiB"),
-        f"/v1/store/{SHA}": (409, "model_in_use", "model 'ab' is in use by instance(s) i9"),
-        "/v1/placements": (404, "repo_not_found", "Hub repo org/nope not found"),
-    }
-
-    def envelope(status: int, code: str, message: str) -> dict[str, Any]:
-        kind = "invalid_request_error"
-        return {"error": {"message": message, "type": kind, "param": "model", "code": code}}
-
-    def answer(route: Route) -> None:
-        path = urlsplit(route.request.url).path
-        if path == "/" or path.startswith("/dashboard/"):
-            name = "index.html" if path == "/" else path.removeprefix("/dashboard/")
-            kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
-            route.fulfill(body=ASSETS[name], content_type=kind[name.rsplit(".", 1)[1]])
-        elif path == "/v1/dashboard/events":
-            route.fulfill(body=feed, content_type="text/event-stream")
-        elif path == "/v1/pulls":
-            asked = json.loads(route.request.post_data or "{}")["model"]
-            if asked in refusals:
-                status, code, message = refusals[asked]
-                route.fulfill(status=status, json=envelope(status, code, message))
-            else:
-                route.fulfill(body=pull_lines(), content_type="application/x-ndjson")
-        elif path in refusals and route.request.method in ("DELETE", "POST"):
-            status, code, message = refusals[path]
-            route.fulfill(status=status, json=envelope(status, code, message))
-        elif path == "/v1/models":
-            route.fulfill(json={"object": "list", "data": []})
-        else:
-            route.fulfill(json={"models": []})
-
-    tab.route("http://dash.test/**", answer)
-    tab.goto("http://dash.test/")
-    hub_row = tab.locator('[data-testid="download-n1-org/big"]')
-    for shown in ("the Hub", "model-00001-of-00002.safetensors", "1.0 MiB / 4.0 MiB",
-                  "3.0 MiB / 8.0 MiB", "2.0 MiB/s", "2 min 30 s"):  # fmt: skip
-        expect(hub_row).to_contain_text(shown, timeout=15_000)
-    expect(tab.locator('[data-testid="download-n2-org/big"]')).to_contain_text("peers")
-    failed = tab.locator('[data-testid="download-failed-n3-org/huge"]')
-    expect(failed).to_contain_text("failed disk_full: needs 900 MiB, 12 MiB free")
-    # The page's own store is its fresh answer (not n1's older reading); n2's is its reading.
-    mine = tab.locator(f'[data-testid="stored-n1-{SHA}"]')
-    for shown in ("org/small", "5.0 MiB", "2 min 00 s ago", "2: n1, n2", "(this node)"):
-        expect(mine).to_contain_text(shown)
-    theirs = tab.locator(f'[data-testid="stored-n2-{SHA}"]')
-    expect(theirs).to_contain_text("budget 10.0 GiB")
-    expect(theirs.locator("button")).to_have_count(0)  # removed through its own node
-    snap(tab, "8-models-contract")
-
-    # A pull followed live: the phase, the cluster's bytes, the downloader's file, rate, ETA.
-    tab.fill("#pull-model", "org/big")
-    tab.click("#pull")
-    status = tab.locator("#pull-status")
-    expect(status).to_have_attribute("data-phases", "checking downloading")
-    expect(tab.locator('[data-testid="pull-bytes"]')).to_contain_text("3.0 MiB / 16.0 MiB")
-    row = tab.locator('[data-testid="pull-transfer-n1"]')
-    for shown in ("the Hub", "1.0 MiB / 4.0 MiB", "2.0 MiB/s", "2 min 30 s"):
-        expect(row).to_contain_text(shown)
-    expect(tab.locator('[data-testid="pull-cut"]')).to_contain_text("the download goes on")
-    # Typed refusals: each one's code and status, the node's message and what to do.
-    for repo, remedy in (("org/gated", "HF_TOKEN"), ("org/bert", "mlx-lm cannot load"),
-                         ("org/huge", "--store-budget")):  # fmt: skip
-        status, code, message = refusals[repo]
-        tab.fill("#pull-model", repo)
-        tab.click("#pull")
-        error = tab.locator(f'[data-testid="pull-error"][data-code="{code}"]')
-        expect(error).to_contain_text(f"{code} ({status}): {message}")
-        expect(error).to_contain_text(remedy)
-    # Remove (pressed twice) refused while in use: the refusal as the node gave it.
-    tab.click(f'[data-testid="store-remove-n1-{SHA}"]')
-    tab.click(f'[data-testid="store-remove-n1-{SHA}"]')
-    expect(tab.locator('[data-testid="store-refusal"]')).to_contain_text(
-        "model_in_use (409): Remove org/small: model 'ab' is in use by instance(s) i9"
-    )
-    # The placement form takes a Hub id; the pull's refusal is shown with what to do.
-    tab.fill("#place-model", "org/nope")
-    tab.click("#preview")
-    refused = tab.locator("#place-result")
-    expect(refused).to_contain_text("repo_not_found (404): Hub repo org/nope not found")
-    expect(refused).to_contain_text("Check the id")
-    snap(tab, "9-models-refusals")
-    assert all(re.search(r" (401|404|409|422|507) ", e) for e in errors), errors
