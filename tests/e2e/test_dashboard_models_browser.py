@@ -30,7 +30,8 @@ SHA = "ab" * 32
 def models_snapshot() -> dict[str, Any]:
     """A feed snapshot of the Models view as ``/v1/downloads`` and ``/v1/store`` answer: n1
     downloads org/big from the Hub (a file in flight), n2 fetches it from peers, n3's download
-    of org/huge failed (disk_full); n1 (the page's node) and n2 hold org/small."""
+    of org/huge failed (disk_full), n1's of org/next has moved no byte yet; n1 (the page's
+    node) and n2 hold org/small."""
     transfer = {"node": "n1", "model": "org/big", "source": "hub",
                 "file": "model-00001-of-00002.safetensors", "file_done": MIB,
                 "file_total": 4 * MIB, "bytes_done": 3 * MIB, "bytes_total": 8 * MIB,
@@ -40,6 +41,9 @@ def models_snapshot() -> dict[str, Any]:
     failed = {"model": "org/huge", "repo": "org/huge", "commit": "c" * 40, "node": "n3",
               "total_bytes": 900 * MIB, "status": "failed", "changed_at": 5.0,
               "reason": "disk_full", "detail": "needs 900 MiB, 12 MiB free"}  # fmt: skip
+    running = {**failed, "model": "org/big", "repo": "org/big", "node": "n1",
+               "status": "downloading", "reason": None, "detail": None}  # fmt: skip
+    starting = {**running, "model": "org/next", "repo": "org/next", "total_bytes": 2 * MIB}
     stored = {"sha256": SHA, "names": ["org/small"], "size": 5 * MIB, "last_used": 880.0,
               "models": ["org/small"], "holders": ["n1", "n2"]}  # fmt: skip
     store = {"used_bytes": 5 * MIB, "budget_bytes": None, "available_bytes": 40 * 2**30,
@@ -50,7 +54,8 @@ def models_snapshot() -> dict[str, Any]:
             "holders": ["n1", "n2"]}  # fmt: skip
     snap = contract_snapshot()
     snap.update(at=1000.0, instances={"instances": []},
-                downloads={"downloads": [failed], "transfers": [transfer, peers]},
+                downloads={"downloads": [failed, running, starting],
+                           "transfers": [transfer, peers]},
                 store={"node": "n1", "store": store,
                        "nodes": [{"node": "n1", **store, "stored": []},
                                  {"node": "n2", **n2_store}],
@@ -121,6 +126,9 @@ def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
     expect(tab.locator('[data-testid="download-n2-org/big"]')).to_contain_text("peers")
     failed = tab.locator('[data-testid="download-failed-n3-org/huge"]')
     expect(failed).to_contain_text("failed disk_full: needs 900 MiB, 12 MiB free")
+    # A download with its transfer in telemetry is one row; one without yet is "starting".
+    expect(hub_row).to_have_count(1)
+    expect(tab.locator('[data-testid="download-n1-org/next"]')).to_contain_text("starting 2.0 MiB")
     # The page's own store is its fresh answer (not n1's older reading); n2's is its reading.
     mine = tab.locator(f'[data-testid="stored-n1-{SHA}"]')
     for shown in ("org/small", "5.0 MiB", "2 min 00 s ago", "2: n1, n2", "(this node)"):
