@@ -59,11 +59,15 @@ def page() -> Iterator[tuple[Page, list[str]]]:
             browser.close()
 
 
-def snap(page: Page, name: str) -> None:
-    """Keep a full-page screenshot as ``<artifacts>/dashboard/<name>.png``."""
+def snap(page: Page, name: str, selector: str | None = None) -> None:
+    """Keep a screenshot as ``<artifacts>/dashboard/<name>.png``: the full page, or the
+    element ``selector`` names."""
     folder = ARTIFACTS / "dashboard"
     folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=folder / f"{name}.png", full_page=True)
+    if selector is None:
+        page.screenshot(path=folder / f"{name}.png", full_page=True)
+    else:
+        page.locator(selector).screenshot(path=folder / f"{name}.png")
 
 
 def served_asset(route: Route) -> bool:

@@ -147,6 +147,7 @@ def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
     for shown in ("the Hub", "1.0 MiB / 4.0 MiB", "2.0 MiB/s", "2 min 30 s"):
         expect(row).to_contain_text(shown)
     expect(tab.locator('[data-testid="pull-cut"]')).to_contain_text("the download goes on")
+    snap(tab, "8-models-section", "#models-section")  # docs/images/dashboard-models.png
     # Typed refusals: each one's code and status, the node's message and what to do.
     for repo, remedy in (("org/gated", "HF_TOKEN"), ("org/bert", "mlx-lm cannot load"),
                          ("org/huge", "--store-budget")):  # fmt: skip
