@@ -1,8 +1,9 @@
 """The dashboard in a real browser (headless Chromium, driven by Playwright) against three real
 nodes on loopback, whose Hub endpoint is the tests' own (``tests/hubserver.py``): through the
 page served by A, a pull of a generated repo shows its download moving and ends with the model
-in every node's store (a missing repo is its ``repo_not_found`` 404), the pulled model is placed
-by its Hub id, and its Remove is refused while in use; then the page shows every node by id,
+in every node's store (a missing repo, a gated one and an unloadable architecture are their
+typed refusals), the pulled model is placed by its Hub id, and its Remove is refused while in
+use; then the page shows every node by id,
 places the demo model on B through its form and sees the runner reach ``ready``, streams a chat
 answer, and turns C's health badge to ``error`` once C is SIGKILLed; the browser console stays
 free of errors. Fed by the test alone, the page shows health and serving figures (the Models
@@ -38,6 +39,8 @@ SECRET = "7c" * 32
 MODEL = "skulk-demo"
 REPO = "org/dash-tiny"  # served by the tests' Hub endpoint
 MISSING = "org/no-such-repo"
+GATED = "org/dash-gated"  # its files need a token the nodes lack
+BERT = "org/dash-bert"  # config.json names a model_type mlx-lm cannot load
 #: Seconds the Hub endpoint pauses after each 64 KiB block of REPO's weights (~13 blocks): the
 #: download lasts a few seconds, long enough for the page to show it moving.
 HUB_BLOCK_PAUSE = 0.4
@@ -54,8 +57,12 @@ def dash_hub(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     root = tmp_path_factory.mktemp("dash-hub")
     demo = ensure_demo_model(skulk_home)
     model = write_generated_model(root / "tiny", ModelShape(layers=2), demo, files=2, seed=5)
+    files = repo_files(model)
+    config = {**json.loads(files["config.json"]), "model_type": "bert"}
     with running_hub() as server:
-        server.add_repo(REPO, repo_files(model))
+        server.add_repo(REPO, files)
+        server.add_repo(GATED, files, gated_token="hf_" + "0" * 34)
+        server.add_repo(BERT, {**files, "config.json": json.dumps(config).encode()})
         counted = server._count
 
         def slowly(key: tuple[str, str], n: int) -> None:
@@ -103,8 +110,9 @@ def nodes(
 def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
     nodes: dict[str, NodeProcess], page: tuple[Page, list[str]]
 ) -> None:
-    """Runs first (before a node is killed): through A's page, a repo the Hub lacks is a
-    ``repo_not_found`` 404 with what to do; a pull of :data:`REPO` shows its download moving
+    """Runs first (before a node is killed): through A's page, a repo the Hub lacks, a gated
+    one and one of an architecture mlx-lm cannot load are each their typed refusal (404, 401,
+    422) with what to do; a pull of :data:`REPO` shows its download moving
     (per node, file, bytes, rate) and ends ``done``, the model in all three stores; placed by
     its Hub id through the placement form, A's Remove of it is refused while the instance
     uses it, and is done once the instance is removed."""
@@ -113,13 +121,20 @@ def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
     tab.goto(a.url + "/")
     expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
 
-    tab.fill("#pull-model", MISSING)
-    tab.click("#pull")
-    failure = tab.locator('[data-testid="pull-error"]')
-    expect(failure).to_contain_text("repo_not_found (404)", timeout=30_000)
-    expect(failure).to_contain_text(MISSING)
-    expect(failure).to_contain_text("Check the id")
-    snap(tab, "10-pull-404")
+    # Typed refusals before any weight byte moves: code, status, the node's message, remedy.
+    refusals = [
+        (MISSING, 404, "repo_not_found", "Check the id"),
+        (GATED, 401, "gated", "HF_TOKEN"),
+        (BERT, 422, "unsupported_architecture", "mlx-lm"),
+    ]
+    for repo, status, code, remedy in refusals:
+        tab.fill("#pull-model", repo)
+        tab.click("#pull")
+        failure = tab.locator(f'[data-testid="pull-error"][data-code="{code}"]')
+        expect(failure).to_contain_text(f"{code} ({status})", timeout=30_000)
+        expect(failure).to_contain_text(repo)
+        expect(failure).to_contain_text(remedy)
+        snap(tab, f"10-pull-{status}")
 
     tab.fill("#pull-model", REPO)
     tab.click("#pull")
@@ -173,7 +188,7 @@ def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
     expect(removed).to_contain_text(a.node_id)
     expect(tab.locator(f'[data-testid="stored-{b.node_id}-{sha}"]')).to_contain_text(REPO)
     snap(tab, "14-removed")
-    assert all(" 404 " in e or " 409 " in e for e in errors), errors
+    assert all(re.search(r" (401|404|409|422) ", e) for e in errors), errors
 
 
 def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
