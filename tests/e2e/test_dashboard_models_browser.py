@@ -53,6 +53,7 @@ def models_snapshot() -> dict[str, Any]:
             "source": {"kind": "hub", "repo": "org/small", "commit": "d" * 40},
             "holders": ["n1", "n2"]}  # fmt: skip
     snap = contract_snapshot()
+    snap["nodes"]["nodes"][1]["api_address"] = "http://10.0.0.2:52415"  # n2's API
     snap.update(at=1000.0, instances={"instances": []},
                 downloads={"downloads": [failed, running, starting],
                            "transfers": [transfer, peers]},
@@ -135,7 +136,8 @@ def test_the_models_view_shows_downloads_stores_a_pull_and_refusals(
         expect(mine).to_contain_text(shown)
     theirs = tab.locator(f'[data-testid="stored-n2-{SHA}"]')
     expect(theirs).to_contain_text("budget 10.0 GiB")
-    expect(theirs.locator("button")).to_have_count(0)  # removed through its own node
+    expect(theirs.locator("button")).to_have_count(0)  # removed through its own node's page
+    expect(theirs.locator("a")).to_have_attribute("href", "http://10.0.0.2:52415/")
     snap(tab, "8-models-contract")
 
     # A pull followed live: the phase, the cluster's bytes, the downloader's file, rate, ETA.

@@ -110,9 +110,16 @@ function removeButton(node, m, rerender) {
   );
 }
 
+/** A link to the dashboard of the node whose store it is (where its Remove is), if known. */
+function elsewhere(api) {
+  if (!/^https?:\/\//.test(api || "")) return h("span", { class: "muted small" }, "on its node's page");
+  return h("a", { class: "small", href: `${api}/`, target: "_blank", rel: "noopener" }, "on its node's page");
+}
+
 export function renderStore(target, snap, rerender) {
   const part = snap.store;
   if (!part) return unavailable(target, snap, "store", "The stores are not known yet.");
+  const apis = new Map(((snap.nodes && snap.nodes.nodes) || []).map((n) => [n.node_id, n.api_address]));
   const rows = [];
   for (const s of stores(part)) {
     const here = s.node === part.node;
@@ -135,7 +142,7 @@ export function renderStore(target, snap, rerender) {
           h("td", { class: "nowrap" }, bytes(m.size)),
           h("td", { class: "nowrap", title: m.last_used ? clock(m.last_used) : "" }, m.last_used ? `${duration(snap.at - m.last_used)} ago` : "never"),
           h("td", {}, holders.length ? `${holders.length}: ${holders.join(", ")}` : "–"),
-          h("td", {}, here ? removeButton(s.node, m, rerender) : h("span", { class: "muted small" }, "on its node's page")),
+          h("td", {}, here ? removeButton(s.node, m, rerender) : elsewhere(apis.get(s.node))),
         ),
       );
     });
