@@ -8,8 +8,9 @@ page shows comes from the API, with the key the operator types into the page.
 ``GET /v1/dashboard/events`` is the feed: a ``text/event-stream`` that sends a ``snapshot``
 event at once and then every :data:`TICK` seconds. A snapshot is exactly what this node's own
 routes answer (:data:`SOURCES`: ``/v1/cluster/nodes``, ``/v1/instances``,
-``/v1/cluster/links``, ``/v1/cluster/raft``, and the cluster timeline every
-:data:`TIMELINE_EVERY` ticks), each read by calling the route in-process: the page sees what
+``/v1/cluster/links``, ``/v1/cluster/raft``, ``/v1/downloads`` and ``/v1/store`` (the
+Models view: downloads with their progress, every node's store), and the cluster timeline
+every :data:`TIMELINE_EVERY` ticks), each read by calling the route in-process: the page sees what
 the REST API says, and nothing is computed twice. A route that fails gives ``null`` for its
 part and its message under ``errors`` (one that raises is logged, as its 500 would be); one
 slower than :data:`SOURCE_TIMEOUT` keeps its last answer. The feed takes no query parameters
@@ -47,6 +48,8 @@ SOURCES: Mapping[str, str] = {
     "instances": "/v1/instances",
     "links": "/v1/cluster/links",
     "raft": "/v1/cluster/raft",
+    "downloads": "/v1/downloads",
+    "store": "/v1/store",
 }
 TIMELINE = ("timeline", "/v1/diagnostics/cluster/timeline?limit=300")
 #: The route of the feed.

@@ -1,54 +1,83 @@
 """The dashboard in a real browser (headless Chromium, driven by Playwright) against three real
-nodes on loopback: the page served by A shows every node by id, places the demo model on B
-through its form and sees the runner reach ``ready``, streams a chat answer, and turns C's
-health badge to ``error`` once C is SIGKILLed; the browser console stays free of errors.
+nodes on loopback, whose Hub endpoint is the tests' own (``tests/hubserver.py``): through the
+page served by A, a pull of a generated repo shows its download moving and ends with the model
+in every node's store (a missing repo, a gated one and an unloadable architecture are their
+typed refusals), the pulled model is placed by its Hub id, and its Remove is refused while in
+use; then the page shows every node by id,
+places the demo model on B through its form and sees the runner reach ``ready``, streams a chat
+answer, and turns C's health badge to ``error`` once C is SIGKILLed; the browser console stays
+free of errors. Fed by the test alone, the page shows health and serving figures (the Models
+view fed so: ``test_dashboard_models_browser.py``).
 
-Each step's screenshot is kept under ``test-artifacts/dashboard/`` (git-ignored; the
-``SKULK_TEST_ARTIFACTS`` environment variable moves it). Chromium is Debian's ``chromium``
-package (``.ci/run`` installs it when missing): Playwright's own browser download cannot run
-here, so the test launches it by path.
+Each step's screenshot is kept under ``test-artifacts/dashboard/`` (``tests/e2e/_browser.py``:
+the browser, Debian's ``chromium`` launched by path).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
+from playwright.sync_api import Page, Route, expect
 
 from skulk.harness import NodeProcess
+from skulk.models import ModelShape, ensure_demo_model, write_generated_model
+from tests.e2e._browser import FED, page, served_asset, snap
+from tests.hubserver import HubServer, repo_files, running_hub
 
+__all__ = ["page"]  # fixtures
 pytestmark = pytest.mark.e2e
 
 SECRET = "7c" * 32
 MODEL = "skulk-demo"
+REPO = "org/dash-tiny"  # served by the tests' Hub endpoint
+MISSING = "org/no-such-repo"
+GATED = "org/dash-gated"  # its files need a token the nodes lack
+BERT = "org/dash-bert"  # config.json names a model_type mlx-lm cannot load
+#: Seconds the Hub endpoint pauses after each 64 KiB block of REPO's weights (~13 blocks): the
+#: download lasts a few seconds, long enough for the page to show it moving.
+HUB_BLOCK_PAUSE = 0.4
 DOWN_AFTER = 2.0  # --node-down-after, seconds
 #: What the badge may take beyond the down-after deadline: a telemetry round, the feed's tick
 #: and a slow shared CI machine.
 SLACK = 20.0
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = Path(
-    os.environ.get("SKULK_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
-)
 
 
 @pytest.fixture(scope="module")
-def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def dash_hub(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    """The tests' local Hub endpoint, serving a small generated model as :data:`REPO`, whose
+    files it sends slowly (a pause after each 64 KiB block) so that its download is seen."""
+    root = tmp_path_factory.mktemp("dash-hub")
+    demo = ensure_demo_model(skulk_home)
+    model = write_generated_model(root / "tiny", ModelShape(layers=2), demo, files=2, seed=5)
+    files = repo_files(model)
+    config = {**json.loads(files["config.json"]), "model_type": "bert"}
+    with running_hub() as server:
+        server.add_repo(REPO, files)
+        server.add_repo(GATED, files, gated_token="hf_" + "0" * 34)
+        server.add_repo(BERT, {**files, "config.json": json.dumps(config).encode()})
+        counted = server._count
+
+        def slowly(key: tuple[str, str], n: int) -> None:
+            counted(key, n)
+            if key[1].endswith(".safetensors"):
+                time.sleep(HUB_BLOCK_PAUSE)
+
+        server._count = slowly  # type: ignore[method-assign]
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    skulk_home: Path, dash_hub: HubServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("dash-cluster")
     started: dict[str, NodeProcess] = {}
 
@@ -56,7 +85,9 @@ def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         home = root / name
         home.mkdir()
         (home / "models").symlink_to(skulk_home / "models")  # one demo model for all
-        node = NodeProcess(home, *args, env={"SKULK_CLUSTER_SECRET": SECRET})
+        env = {"SKULK_CLUSTER_SECRET": SECRET, "HF_ENDPOINT": dash_hub.url,
+               "HF_HOME": str(home / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
+        node = NodeProcess(home, *args, env=env)
         started[name] = node
         return node.start(wait_ready=False)
 
@@ -65,41 +96,99 @@ def nodes(skulk_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         start("b", "--join", a.ws_url, "--model", "none")
         start("c", "--join", a.ws_url, "--model", "none")
 
-        def all_up() -> bool:
+        def all_up() -> bool:  # and each with its store published (a pull needs them)
             rows = a.get("/v1/cluster/nodes").json()["nodes"]
-            return len([r for r in rows if r.get("status") == "up"]) == 3
+            return len([r for r in rows if r.get("status") == "up" and r.get("store")]) == 3
 
-        a.wait_for(all_up, 90, "every node up in A's State")
+        a.wait_for(all_up, 90, "every node up in A's State, with its store")
         yield started
     finally:
         for node in started.values():
             node.stop()
 
 
-@pytest.fixture
-def page() -> Iterator[tuple[Page, list[str]]]:
-    """A fresh page, and the browser console's errors (and uncaught exceptions) as they come."""
-    errors: list[str] = []
+def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
+    nodes: dict[str, NodeProcess], page: tuple[Page, list[str]]
+) -> None:
+    """Runs first (before a node is killed): through A's page, a repo the Hub lacks, a gated
+    one and one of an architecture mlx-lm cannot load are each their typed refusal (404, 401,
+    422) with what to do; a pull of :data:`REPO` shows its download moving
+    (per node, file, bytes, rate) and ends ``done``, the model in all three stores; placed by
+    its Hub id through the placement form, A's Remove of it is refused while the instance
+    uses it, and is done once the instance is removed."""
+    tab, errors = page
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    tab.goto(a.url + "/")
+    expect(tab.locator("#feed")).to_have_text("live", timeout=15_000)
 
-    def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            errors.append(f"console: {message.text} at {message.location}")
+    # Typed refusals before any weight byte moves: code, status, the node's message, remedy.
+    refusals = [
+        (MISSING, 404, "repo_not_found", "Check the id"),
+        (GATED, 401, "gated", "HF_TOKEN"),
+        (BERT, 422, "unsupported_architecture", "mlx-lm"),
+    ]
+    for repo, status, code, remedy in refusals:
+        tab.fill("#pull-model", repo)
+        tab.click("#pull")
+        failure = tab.locator(f'[data-testid="pull-error"][data-code="{code}"]')
+        expect(failure).to_contain_text(f"{code} ({status})", timeout=30_000)
+        expect(failure).to_contain_text(repo)
+        expect(failure).to_contain_text(remedy)
+        snap(tab, f"10-pull-{status}")
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1280, "height": 1000})
-            tab.on("console", on_console)
-            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-            yield tab, errors
-        finally:
-            browser.close()
+    tab.fill("#pull-model", REPO)
+    tab.click("#pull")
+    # The download moving, in the pull's own view and under Downloads (the feed's telemetry).
+    moving = tab.locator('[data-testid^="pull-transfer-"]').filter(has_text="the Hub")
+    expect(moving.first).to_contain_text("/s", timeout=60_000)
+    expect(tab.locator("#pull-status")).to_have_attribute("data-phases", re.compile("downloading"))
+    listed = tab.locator(f'#downloads [data-testid$="-{REPO}"]').filter(has_text="the Hub")
+    expect(listed.first).to_contain_text("safetensors", timeout=30_000)
+    snap(tab, "11-pull-progress")
+    expect(tab.locator("#pull-status")).to_have_attribute("data-phase", "done", timeout=120_000)
+    expect(tab.locator('[data-testid="pulled"]')).to_contain_text("in the store of 3 nodes")
+    state = a.get("/v1/cluster/state").json()
+    sha = next(m["manifest_sha256"] for m in state["models"] if m["id"] == REPO)
+    for node in (a, b, c):  # every node's store lists it (the others' by their readings)
+        row = tab.locator(f'[data-testid="stored-{node.node_id}-{sha}"]')
+        expect(row).to_contain_text(REPO, timeout=30_000)
+        expect(row).to_contain_text("3: ")  # three holders
+    snap(tab, "12-pulled-stores")
 
+    # Placed by its Hub id, through the placement form ("Place it" fills the model in).
+    tab.click("#pull-place")
+    expect(tab.locator("#place-model")).to_have_value(REPO)
+    tab.check(f'#place-nodes input[value="{a.node_id}"]')
+    tab.click("#place")
+    expect(tab.locator('[data-testid="placed"]')).to_be_visible(timeout=60_000)
+    instance = a.get("/v1/instances").json()["instances"][0]
+    assert instance["model"] == REPO and instance["shards"][0]["node"] == a.node_id
 
-def snap(page: Page, name: str) -> None:
-    folder = ARTIFACTS / "dashboard"
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=folder / f"{name}.png", full_page=True)
+    # A's Remove is refused while the instance uses the model: the refusal is shown.
+    remove = tab.locator(f'[data-testid="store-remove-{a.node_id}-{sha}"]')
+    remove.click()
+    expect(remove).to_have_text("Confirm remove")
+    remove.click()
+    refusal = tab.locator('[data-testid="store-refusal"]')
+    expect(refusal).to_contain_text("model_in_use (409)", timeout=15_000)
+    expect(refusal).to_contain_text(instance["id"])
+    snap(tab, "13-remove-refused")
+
+    # The instance removed, Remove is done: A's answer is shown. (A Hub model's spreading then
+    # fetches it back onto A from B and C, as for any up node that lacks it: not asserted.)
+    tab.click(f'[data-testid="remove-{instance["id"]}"]')
+    tab.click(f'[data-testid="remove-{instance["id"]}"]')
+    expect(tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')).to_have_count(
+        0, timeout=30_000
+    )
+    remove.click()
+    remove.click()
+    removed = tab.locator('[data-testid="store-removed"]')
+    expect(removed).to_contain_text(f"Removed {REPO}")
+    expect(removed).to_contain_text(a.node_id)
+    expect(tab.locator(f'[data-testid="stored-{b.node_id}-{sha}"]')).to_contain_text(REPO)
+    snap(tab, "14-removed")
+    assert all(re.search(r" (401|404|409|422) ", e) for e in errors), errors
 
 
 def test_the_dashboard_shows_places_chats_and_sees_a_node_die(
@@ -242,26 +331,22 @@ def test_the_page_renders_health_and_serving_as_the_contract_gives_them(
 ) -> None:
     """The page alone (its files from the package, the API answered by the test): health
     badges with reasons and remedies, and each rank's load, tokens/s, TTFT and KV use."""
-    from skulk.api._dashboard import ASSETS
-
     tab, errors = page
     feed = b"event: snapshot\ndata: " + json.dumps(contract_snapshot()).encode() + b"\n\n"
 
     def answer(route: Route) -> None:
         path = urlsplit(route.request.url).path
-        if path == "/" or path.startswith("/dashboard/"):
-            name = "index.html" if path == "/" else path.removeprefix("/dashboard/")
-            kind = {"html": "text/html", "js": "text/javascript", "css": "text/css"}
-            route.fulfill(body=ASSETS[name], content_type=kind[name.rsplit(".", 1)[1]])
-        elif path == "/v1/dashboard/events":
+        if served_asset(route):
+            return
+        if path == "/v1/dashboard/events":
             route.fulfill(body=feed, content_type="text/event-stream")
         elif path == "/v1/models":
             route.fulfill(json={"object": "list", "data": [{"id": "m"}]})
         else:
             route.fulfill(json={"models": []})
 
-    tab.route("http://dash.test/**", answer)
-    tab.goto("http://dash.test/")
+    tab.route(f"{FED}/**", answer)
+    tab.goto(f"{FED}/")
     badge = tab.locator('[data-testid="badge-n1"]')
     expect(badge).to_have_attribute("data-level", "warn", timeout=15_000)
     assert "Free disk space" in badge.locator("title").text_content()  # type: ignore[operator]

@@ -206,3 +206,15 @@ async def test_a_slow_route_keeps_its_last_answer(node: tuple[Any, Any], monkeyp
     with trio.fail_after(5):
         second = await feed.snapshot()
     assert second["instances"] == first["instances"] and second["at"] >= first["at"]
+
+
+async def test_the_feed_carries_the_downloads_and_the_stores(node: tuple[Any, Any]) -> None:
+    """The Models view's parts: ``/v1/downloads`` and ``/v1/store`` as the node answers them."""
+    app, client = node
+    snap = await Feed(app, "a").snapshot()
+    assert snap["downloads"] == await (await client.get("/v1/downloads")).get_json()
+    assert snap["downloads"] == {"downloads": [], "transfers": []}
+    assert snap["store"] == await (await client.get("/v1/store")).get_json()
+    store, errors = snap["store"], snap["errors"]
+    assert isinstance(store, dict) and store["node"] == "a"
+    assert isinstance(errors, dict) and "downloads" not in errors and "store" not in errors

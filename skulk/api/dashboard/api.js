@@ -80,3 +80,28 @@ export async function stream(method, path, body, onEvent, { signal } = {}) {
     }
   }
 }
+
+/** POST a route that answers NDJSON (one JSON object a line); onLine(obj) per line.
+ *  Resolves when the stream ends; rejects with ApiFailure when the route refuses. */
+export async function ndjson(method, path, body, onLine, { signal } = {}) {
+  const init = { method, headers: headers({ Accept: "application/x-ndjson", "Content-Type": "application/json" }), signal };
+  init.body = JSON.stringify(body);
+  const response = await fetch(path, init);
+  if (!response.ok) throw await failure(response);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  const take = (line) => {
+    if (line.trim()) onLine(JSON.parse(line));
+  };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      take(buffer.slice(0, end));
+      buffer = buffer.slice(end + 1);
+    }
+  }
+  take(buffer);
+}

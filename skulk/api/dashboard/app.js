@@ -1,8 +1,11 @@
 // The dashboard: one live feed (GET /v1/dashboard/events, a snapshot each second) drives every
-// panel; forms call the API directly. Any node serves it, and shows the whole cluster.
+// panel (the Models view's downloads and stores too); forms call the API directly. Any node
+// serves it, and shows the whole cluster.
 import { ApiFailure, apiKey, setApiKey, stream } from "./api.js";
 import { installChat, refreshModels } from "./chat.js";
 import { installPlacement, renderInstances, renderNodeChoices } from "./instances.js";
+import { renderDownloads, renderStore } from "./models.js";
+import { installPull } from "./pull.js";
 import { renderTimeline, installRequestTimeline } from "./timeline.js";
 import { renderTopology } from "./topology.js";
 
@@ -24,10 +27,15 @@ function render(snap) {
   $("leader").textContent = leader ? `leader ${leader} · term ${snap.raft.term}` : "no leader";
   renderTopology($("topology"), $("node-detail"), snap);
   renderInstances($("instances"), snap, () => render(last));
+  renderDownloads($("downloads"), snap);
+  renderStore($("stores"), snap, () => render(last));
   renderNodeChoices($("place-nodes"), snap);
   renderTimeline($("timeline"), snap);
-  // The chat's model list follows the instances (a new one is worth a /v1/models call).
-  const models = ((snap.instances && snap.instances.instances) || []).map((i) => `${i.model}:${i.status}`).sort().join(",");
+  // The chat's model list follows the instances, and the placement's suggestions the models
+  // pulled into the cluster (a change is worth a /v1/models call).
+  const instances = ((snap.instances && snap.instances.instances) || []).map((i) => `${i.model}:${i.status}`);
+  const pulled = ((snap.store && snap.store.models) || []).map((m) => m.model);
+  const models = [...instances, ...pulled].sort().join(",");
   if (models !== modelsSeen) {
     modelsSeen = models;
     refreshModels();
@@ -72,6 +80,7 @@ $("key-form").addEventListener("submit", (event) => {
 });
 window.addEventListener("pagehide", () => feed && feed.abort());
 installPlacement(refreshModels);
+installPull();
 installChat();
 installRequestTimeline();
 connect();

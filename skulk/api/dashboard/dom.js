@@ -49,3 +49,23 @@ export function num(n, digits = 1) {
 export function clock(at) {
   return new Date(at * 1000).toLocaleTimeString([], { hour12: false });
 }
+
+/** A transfer rate: bytes per second. */
+export function rate(bps) {
+  return bps === null || bps === undefined ? "–" : `${bytes(bps)}/s`;
+}
+
+/** A span of seconds, short: "45 s", "3 min 05 s", "2 h 10 min"; "–" for none. */
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, "0")} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
+}
+
+/** A progress bar with "done / total" beside it (a share of 0 when the total is unknown). */
+export function progress(done, total, attrs) {
+  const share = total ? Math.min(1, done / total) : 0;
+  return h("span", { class: "fetch", ...attrs }, h("progress", { max: 1, value: share }), ` ${bytes(done)} / ${bytes(total)}`);
+}

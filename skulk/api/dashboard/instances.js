@@ -1,8 +1,10 @@
 // Instances (each rank's node, runner phase, weight-fetch progress, load and KV use) and the
 // placement form: Preview is a dry run (the plan, or the refusal with its arithmetic), Place
-// commits, Remove deletes an instance.
+// commits, Remove deletes an instance. The model may be a Hub id (ORG/REPO[@REV]): one not yet
+// in the cluster is pulled first (its progress shows under Models, Downloads).
 import { ApiFailure, call } from "./api.js";
 import { bytes, h, num, show } from "./dom.js";
+import { REMEDIES, isHubId } from "./pull.js";
 
 let confirming = null; // the instance whose Remove was pressed once
 
@@ -123,8 +125,17 @@ function planTable(plan) {
 }
 
 function refusal(err) {
-  const code = err instanceof ApiFailure && err.code ? `${err.code} (${err.status}): ` : "";
-  return h("p", { class: "refusal", "data-testid": "refusal" }, code, err.message);
+  const typed = err instanceof ApiFailure && err.code;
+  const code = typed ? `${err.code} (${err.status}): ` : "";
+  const remedy = typed && REMEDIES[err.code];
+  return [h("p", { class: "refusal", "data-testid": "refusal" }, code, err.message), remedy ? h("p", { class: "remedy" }, remedy) : null];
+}
+
+/** Whether the model is a Hub id the cluster has no card of (the placement pulls it first). */
+function toPull(model) {
+  if (!isHubId(model)) return false;
+  const known = [...document.querySelectorAll("#known-models option")].map((o) => o.value);
+  return !known.includes(model);
 }
 
 export function installPlacement(refreshModels) {
@@ -136,7 +147,10 @@ export function installPlacement(refreshModels) {
       show(result, h("p", { class: "refusal" }, "Name a model first."));
       return;
     }
-    show(result, h("p", { class: "muted" }, dryRun ? "Planning…" : "Placing…"));
+    const pulling = toPull(body.model)
+      ? ` ${body.model} is pulled from the Hub first: its progress shows under Models, Downloads.`
+      : "";
+    show(result, h("p", { class: "muted", "data-testid": "placing" }, dryRun ? "Planning…" : "Placing…", pulling));
     try {
       const answer = await call("POST", "/v1/placements", body);
       if (answer.plan) {
