@@ -174,8 +174,8 @@ def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
     expect(refusal).to_contain_text(instance["id"])
     snap(tab, "13-remove-refused")
 
-    # The instance removed, Remove is done: A's answer is shown. (A Hub model's spreading then
-    # fetches it back onto A from B and C, as for any up node that lacks it: not asserted.)
+    # The instance removed, Remove is done: A's answer is shown, and the model stays off A (the
+    # cluster's spreading does not fetch a removed model back) while B keeps its copy.
     tab.click(f'[data-testid="remove-{instance["id"]}"]')
     tab.click(f'[data-testid="remove-{instance["id"]}"]')
     expect(tab.locator(f'[data-testid="phase-{instance["id"]}-r0"]')).to_have_count(
@@ -187,6 +187,10 @@ def test_the_dashboard_pulls_from_the_hub_stores_places_and_removes(
     expect(removed).to_contain_text(f"Removed {REPO}")
     expect(removed).to_contain_text(a.node_id)
     expect(tab.locator(f'[data-testid="stored-{b.node_id}-{sha}"]')).to_contain_text(REPO)
+    gone = tab.locator(f'[data-testid="stored-{a.node_id}-{sha}"]')
+    expect(gone).to_have_count(0, timeout=15_000)
+    tab.wait_for_timeout(6_000)  # three store samples, several spreading rounds
+    expect(gone).to_have_count(0)
     snap(tab, "14-removed")
     assert all(re.search(r" (401|404|409|422) ", e) for e in errors), errors
 
