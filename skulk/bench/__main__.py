@@ -8,7 +8,8 @@
 [--intermediate-size N] [--transfer-mib N] [--transfer-rounds N] [--concurrency 1,4,8]`` and
 ``python -m skulk.bench load [--json] [--model demo|large] [--levels 1,8,16] [--rounds N]
 [--max-tokens N]
-[--modes throughput,prefix,speculative] [--chat-chars N] [--home DIR]`` and ``python -m
+[--modes throughput,prefix,speculative,sharegpt] [--rates 2,4,8] [--requests N]
+[--chat-chars N] [--home DIR]`` and ``python -m
 skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
 [--batch-mib N]`` and ``python -m skulk.bench models [--json] [--mib N] [--rounds N] [--fanout]
@@ -103,8 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     load.add_argument("--max-tokens", type=int, default=128)
     load.add_argument(
-        "--modes", type=_modes, default=None, help="throughput,prefix,speculative (default all)"
+        "--modes",
+        type=_modes,
+        default=None,
+        help="throughput,prefix,speculative,sharegpt (default: the first three)",
     )
+    load.add_argument(
+        "--rates", type=_floats, default=(2.0, 4.0, 8.0), help="sharegpt: Poisson requests/s"
+    )
+    load.add_argument("--requests", type=int, default=32, help="sharegpt: requests per run")
     load.add_argument("--chat-chars", type=int, default=4000, help="prefix mode: history size")
     load.add_argument("--home", type=Path, default=None, help="work dir (default: a temporary one)")
     spec = sub.add_parser("spec", help="speculative (n-gram) vs plain decoding, in process")
@@ -230,6 +238,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(","))
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not numbers: {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"give positive numbers: {text!r}")
+    return values
+
+
 def _modes(text: str) -> tuple[str, ...]:
     from skulk.bench._load_modes import MODES
 
@@ -241,16 +259,18 @@ def _modes(text: str) -> tuple[str, ...]:
 
 def _load(args: argparse.Namespace) -> int:
     from skulk.bench._load import run, table
-    from skulk.bench._load_modes import MODES, Settings
+    from skulk.bench._load_modes import DEFAULT_MODES, Settings
 
     settings = Settings(
         model=args.model,
         levels=args.levels,
         rounds=args.rounds,
         max_tokens=args.max_tokens,
-        modes=args.modes or MODES,
+        modes=args.modes or DEFAULT_MODES,
         chat_chars=args.chat_chars,
         home=args.home,
+        rates=args.rates,
+        requests=args.requests,
     )
     return _emit(run(settings), args.json, table)
 

@@ -55,6 +55,7 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import trio
@@ -68,7 +69,9 @@ from skulk.bench._load_servers import (
     node_flags,
     serving_node,
 )
+from skulk.bench._load_sweep import sharegpt
 
+Servers = TypeVar("Servers", bound=tuple[Server, ...])
 PREFIX_FLAG = "--prefix-cache-memory"
 SPECULATIVE_FLAG = "--speculative-tokens"
 
@@ -137,6 +140,14 @@ def run(settings: Settings) -> dict[str, object]:
             with MlxLmServer(model_dir) as mlx:
                 theirs = Server("mlx_lm_server", mlx.url, "default_model")
                 result["throughput"] = _measured(throughput, (skulk, theirs), settings)
+        if "sharegpt" in settings.modes:
+            model_dir = models / Path(model).name
+            with (
+                MlxLmServer(model_dir) as mlx,
+                serving_node(root, models, "skulk-no-spec", model, SPECULATIVE_FLAG, "0") as plain,
+            ):
+                theirs = Server("mlx_lm_server", mlx.url, "default_model")
+                result["sharegpt"] = _measured(_sweep, (skulk, plain, theirs), settings)
         for mode, flag, fn in (("prefix", PREFIX_FLAG, prefix),
                                ("speculative", SPECULATIVE_FLAG, speculative)):  # fmt: skip
             if mode not in settings.modes:
@@ -151,9 +162,15 @@ def run(settings: Settings) -> dict[str, object]:
     return result
 
 
+async def _sweep(servers: tuple[Server, ...], settings: Settings) -> dict[str, object]:
+    return await sharegpt(
+        servers, settings.levels, settings.rates, settings.rounds, settings.requests
+    )
+
+
 def _measured(
-    mode: Callable[[tuple[Server, Server], Settings], Awaitable[dict[str, object]]],
-    servers: tuple[Server, Server],
+    mode: Callable[[Servers, Settings], Awaitable[dict[str, object]]],
+    servers: Servers,
     settings: Settings,
 ) -> dict[str, object]:
     """Run one mode; a failure (a server's error, a dropped stream) is that mode's result, so
@@ -182,7 +199,29 @@ def table(result: dict[str, object]) -> str:
                 f"{ours['ttft_p50_ms']:>9}/{ours['ttft_p99_ms']:<9} "
                 f"{theirs['ttft_p50_ms']:>8}/{theirs['ttft_p99_ms']:<8} {f['full_length']}"
             )
+    sweep = result.get("sharegpt")
+    if isinstance(sweep, dict) and "error" not in sweep:
+        lines.append(
+            f"sharegpt ({sweep['requests']} sampled requests a run; ratios to {sweep['baseline']}):"
+            f"\n{'setting':>8} {'server':>14} {'out tok/s':>10} {'TTFT p50/p99 ms':>17} "
+            f"{'TPOT p50 ms':>11} {'good/s':>7}   ratios tok/s, TTFT p99, goodput"
+        )
+        for key, entry in sweep.items():
+            if not isinstance(entry, dict) or not key.startswith(("c", "rate")):
+                continue
+            for name, f in entry.items():
+                if "_vs_" in name:
+                    continue
+                vs = entry.get(f"{name}_vs_{sweep['baseline']}", {})
+                ratios = ", ".join(str(v) for v in vs.values()) if vs else ""
+                lines.append(
+                    f"{key:>8} {name:>14} {f['output_tokens_per_s']:>10} "
+                    f"{f['ttft_ms']['p50']:>8}/{f['ttft_ms']['p99']:<8} "
+                    f"{f['tpot_ms']['p50']:>11} {f['goodput_per_s']:>7}   {ratios}"
+                )
     for mode in MODES:  # the modes not tabled above
+        if mode == "sharegpt" and isinstance(sweep, dict) and "error" not in sweep:
+            continue
         if mode in result and (mode != "throughput" or "error" in result[mode]):  # type: ignore[operator]
             lines.append(f"{mode}: {json.dumps(result[mode])}")
     return "\n".join(lines)

@@ -31,6 +31,7 @@ class Stream:
     finish_reason: str
     text: str
     retries: int  # connections reset before the response started (see _open)
+    chunks: tuple[float, ...] = ()  # when each non-empty content delta arrived
 
     @property
     def ttft_s(self) -> float:
@@ -72,6 +73,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, object]) -
     usage: dict[str, Any] = {}
     reason = ""
     parts: list[str] = []
+    chunks: list[float] = []
     retries, response = await _open(client, url, body)
     try:
         async for line in response.aiter_lines():
@@ -84,7 +86,8 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, object]) -
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or ():
                 if text := (choice.get("delta") or {}).get("content"):
-                    first = first or time.perf_counter()
+                    chunks.append(time.perf_counter())
+                    first = first or chunks[-1]
                     parts.append(text)
                 reason = choice.get("finish_reason") or reason
     finally:
@@ -101,6 +104,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, object]) -
         finish_reason=reason,
         text="".join(parts),
         retries=retries,
+        chunks=tuple(chunks),
     )
 
 

@@ -17,8 +17,10 @@ import attrs
 from skulk.bench._load_client import Stream, burst, chat_body, http_client, stream
 from skulk.bench._load_servers import Server
 
-Mode = Literal["throughput", "prefix", "speculative"]
-MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative")
+Mode = Literal["throughput", "prefix", "speculative", "sharegpt"]
+MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt")
+#: The modes run when ``--modes`` is not given (``sharegpt`` is a long sweep of its own).
+DEFAULT_MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative")
 PREFIX_ANSWER_TOKENS = 16
 PREFIX_GOAL = 0.3
 FOLLOW_UP = {"role": "user", "content": "Tell me more about that, please."}
@@ -49,8 +51,10 @@ class Settings:
     levels: tuple[int, ...] = (1, 8, 16)
     rounds: int = 5
     max_tokens: int = 128
-    modes: tuple[Mode, ...] = MODES
+    modes: tuple[Mode, ...] = DEFAULT_MODES
     chat_chars: int = 4000
+    rates: tuple[float, ...] = (2.0, 4.0, 8.0)
+    requests: int = 32
     home: Path | None = None
 
 

@@ -57,3 +57,32 @@ def test_load_bench_measures_both_servers_and_every_mode() -> None:
             figures = result["speculative"][kind]
             assert positive(figures["ratio"]) and positive(figures["plain_tokens_per_s"]), kind
             assert len(figures["ratio_by_round"]) == 1, kind
+
+
+def test_the_sampled_sweep_measures_every_server_at_every_setting() -> None:
+    """``--modes sharegpt``: the sampled workload through Skulk, Skulk without speculation
+    and mlx_lm.server, one concurrency level and one Poisson rate, tiny counts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "skulk.bench", "load", "--json", "--modes", "sharegpt",
+         "--levels", "2", "--rates", "8", "--requests", "4", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = json.loads(done.stdout)["sharegpt"]
+    assert "error" not in sweep, sweep
+    assert sweep["baseline"] == "mlx_lm_server" and sweep["requests"] == 4
+    assert sweep["shape"]["temperature"] == 0.7 and sweep["slo"]["ttft_s"] > 0
+    for setting in ("c2", "rate8"):
+        entry = sweep[setting]
+        for server in ("skulk", "skulk-no-spec", "mlx_lm_server"):
+            figures = entry[server]
+            assert figures["requests"] == 4, (setting, server)
+            assert positive(figures["output_tokens_per_s"]), (setting, server)
+            assert figures["ttft_ms"]["p99"] >= figures["ttft_ms"]["p50"] > 0
+            assert 0 <= figures["goodput_share"] <= 1
+        for server in ("skulk", "skulk-no-spec"):
+            ratios = entry[f"{server}_vs_mlx_lm_server"]
+            assert set(ratios) == {"output_tokens_per_s", "ttft_p99", "goodput_per_s"}
+            assert positive(ratios["output_tokens_per_s"]) and positive(ratios["ttft_p99"])
