@@ -30,11 +30,14 @@ from ._cbor import loads as _strict_loads
 from ._codec import DEFAULT_MAX_DEPTH
 from ._errors import WireError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The federation protocol version; nodes of different versions never form a cluster.
 2: a routed request's end (``RouteEnd``) carries one ``GenerationEnd`` record (issue 20).
 3: the State has downloads (``StartDownload``, ``DownloadFailed``) and ``ReleaseModel``, cards
-have Hub and imported sources, the leader answers ``PullAsk`` (issue 22)."""
+have Hub and imported sources, the leader answers ``PullAsk`` (issue 22).
+4: data chunks are binary data frames (a fixed header and the raw body, no CBOR), a stream's
+sender can abort it (``DataAbort``), and a transfer stream's file bytes are raw data items
+(issue 22: peer fetch throughput; issue 23: credit starvation)."""
 
 HANDSHAKE_MAX_FRAME_SIZE = 4096
 """Limit on one handshake frame's CBOR body; a real one is a few hundred bytes."""
