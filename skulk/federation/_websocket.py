@@ -18,6 +18,9 @@ import trio_websocket
 from ._linkbase import LinkConfig
 from ._refusal import one_line
 from ._tls import TlsHandshakeError
+from ._wsmask import install as _install_fast_masking
+
+_install_fast_masking()  # wsproto's masking costs ~5 ms per MiB each way (see _wsmask)
 
 RECEIVE_BUFFER = 256 * 1024
 """Bytes a connection reads from its socket at once. trio-websocket's default (4 KiB) costs a
