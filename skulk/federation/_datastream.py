@@ -40,6 +40,7 @@ class OutStream:
         self.credit = DATA_INITIAL_CREDIT
         self.stopped = False
         self.ended = False
+        self.aborted: str | None = None  # why this side aborted it
         self.lot = trio.lowlevel.ParkingLot()
 
 
@@ -52,7 +53,8 @@ class DataSender:
     ``credit_timeout`` seconds for credit (the stream is then aborted), and
     :class:`PeerUnreachable` once the link is closed. A cancelled ``send`` sent nothing, so it
     never leaves a gap. Concurrent sends on one stream are each atomic; their order is the
-    order they get room in. :meth:`abort` ends the stream unfinished, with a reason.
+    order they get room in. :meth:`abort` ends the stream unfinished, with a reason; a send
+    after it (or waiting meanwhile) raises :class:`StreamStopped`.
     """
 
     def __init__(
@@ -82,6 +84,10 @@ class DataSender:
         st = self._state
         starved_since: float | None = None
         while True:
+            if st.aborted == "credit_timeout":  # a concurrent send gave up on the credit
+                raise StreamStarved(st.stream_id, self._credit_timeout)
+            if st.aborted is not None:
+                raise StreamStopped(st.stream_id)
             if st.ended:
                 raise RuntimeError(f"data stream {st.stream_id} already ended")
             if st.stopped:
@@ -123,6 +129,7 @@ class DataSender:
     def _abort(self, reason: str) -> None:
         st = self._state
         st.ended = st.stopped = True
+        st.aborted = reason
         self._forget(st.stream_id)
         st.lot.unpark_all()  # a concurrent send() sees it
         try:

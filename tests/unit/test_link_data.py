@@ -365,7 +365,7 @@ async def test_a_stream_starved_of_credit_is_aborted_and_its_slot_freed(
         await wait_for(lambda: DataAbort(stream_id=0, reason="credit_timeout") in peer.frames())
         chunks = [f for f in peer.frames() if isinstance(f, DataChunk)]
         assert [c.seq for c in chunks] == list(range(DATA_INITIAL_CREDIT))  # the abort after them
-        with pytest.raises(RuntimeError):
+        with pytest.raises(StreamStarved):
             await stream.send(b"after the abort")
 
 
@@ -420,6 +420,8 @@ async def test_a_sender_can_abort_with_its_own_reason(
         with pytest.raises(StreamAborted, match="read_failed"):
             await receiver.receive()
         stream.abort("again")  # does nothing once aborted
+        with pytest.raises(StreamStopped):
+            await stream.send(b"after the abort")
 
 
 # ---- binary data frames from a hostile peer ----------------------------------------------------
