@@ -13,8 +13,10 @@ Everything else is a typed refusal (rpc error reasons, listed in
 :mod:`skulk.wire.transfer`). An accepted range request is streamed back on a data stream
 from :meth:`run`'s nursery: a reader task reads chunks on a worker thread (never on the Trio
 thread) a few ahead of the sender, which waits for the fetcher's credit (bounded by
-``timeouts.send``). At most ``max_per_peer`` streams per peer and ``max_streams`` in all;
-more are refused ``overloaded`` (the fetcher retries).
+``timeouts.send``; a stream given up unfinished is aborted, so the link's stream slot is freed
+with the server's own). Chunks are raw data items (``TRANSFER_DATA_TAG`` and the bytes, read
+straight into the item), never CBOR. At most ``max_per_peer`` streams per peer and
+``max_streams`` in all; more are refused ``overloaded`` (the fetcher retries).
 
 The manifest of a model directory is computed once (on a worker thread; from the on-disk cache
 that :func:`~skulk.models.model_card` filled, so usually without hashing) and kept; a served
