@@ -106,7 +106,8 @@ class StreamTable:
     def on_abort(self, frame: DataAbort) -> None:
         st = self._in_streams.pop(frame.stream_id, None)
         if st is not None and not st.ended:
-            st.aborted = frame.reason[:64]
+            # Peer-supplied text, shown in logs: printable and short.
+            st.aborted = "".join(c for c in frame.reason[:64] if c.isprintable()) or "unknown"
             st.lot.unpark_all()
 
     def on_chunk(self, chunk: DataChunk) -> None:

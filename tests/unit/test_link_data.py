@@ -402,6 +402,13 @@ async def test_an_aborted_stream_delivers_what_came_then_says_why(
         assert link.statistics().streams_in == 0
         await peer.send(DataChunk(stream_id=0, seq=1, body=b"late", end=False))
         await peer.send(DataAbort(stream_id=9, reason="never_opened"))  # ignored
+        await peer.send(DataChunk(stream_id=10, seq=0, body=b"", end=False))
+        await peer.send(DataAbort(stream_id=10, reason="\x1b[2J" + "x" * 500))
+        hostile = await link.incoming_streams.receive()
+        assert await hostile.receive() == b""
+        with pytest.raises(StreamAborted) as cleaned:
+            await hostile.receive()
+        assert cleaned.value.reason == "[2J" + "x" * 60  # printable, at most 64 characters
         await wait_for(lambda: link.statistics().duplicates_dropped == 1)
         assert link.closed is None
         assert not any(isinstance(f, DataStop) for f in peer.frames())  # nothing to stop
