@@ -170,8 +170,17 @@ valid_frames: st.SearchStrategy[LinkFrame | DataChunk] = st.one_of(
 
 @st.composite
 def mutated_frames(draw: st.DrawFn) -> bytes:
-    """A valid frame's CBOR map with one field dropped, added or given another value."""
-    plain: dict[str, Any] = CODEC.unstructure(draw(valid_frames))
+    """A valid frame's CBOR map with one field dropped, added or given another value; a data
+    chunk's binary frame cut short or with one byte changed (header or body)."""
+    frame = draw(valid_frames)
+    if isinstance(frame, DataChunk):
+        raw = bytearray(encode(frame))
+        at = draw(st.integers(0, len(raw) - 1))
+        if draw(st.booleans()):
+            return bytes(raw[:at])
+        raw[at] ^= draw(st.integers(1, 255))
+        return bytes(raw)
+    plain: dict[str, Any] = CODEC.unstructure(frame)
     key = draw(st.sampled_from(sorted(plain)))
     how = draw(st.sampled_from(["drop", "replace", "add"]))
     if how == "drop":
