@@ -12,9 +12,9 @@
 [--chat-chars N] [--home DIR]`` and ``python -m
 skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
-[--batch-mib N]`` and ``python -m skulk.bench models [--json] [--mib N] [--rounds N] [--fanout]
-[--no-peer-fetch]`` and ``python -m skulk.bench blas [--json] [--rounds N]
-[--prompt-tokens N]``."""
+[--batch-mib N] [--holder-dials]`` and ``python -m skulk.bench models [--json] [--mib N]
+[--rounds N] [--fanout] [--no-peer-fetch]`` and ``python -m skulk.bench blas [--json]
+[--rounds N] [--prompt-tokens N]``."""
 
 from __future__ import annotations
 
@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     transfer.add_argument("--chunk-kib", type=int, default=None, help="holder's chunk size")
     transfer.add_argument("--streams", type=int, default=None, help="streams per holder")
     transfer.add_argument("--batch-mib", type=int, default=None, help="MiB per range request")
+    transfer.add_argument(
+        "--holder-dials", action="store_true", help="the holder dials (its frames are masked)"
+    )
     models = sub.add_parser("models", help="Hub download vs hf download; resume; peer fetch")
     models.add_argument("--json", action="store_true", help="print only the JSON result")
     models.add_argument("--mib", type=int, default=256, help="size of the generated repo")

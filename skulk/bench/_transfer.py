@@ -12,6 +12,11 @@ fetch does too), and once more in Python as the fetch handles the bytes it recei
 reads, sha256 of every tensor, writes at their offsets, fsync: a *verified copy*, the cost of
 the verification alone with no link). Rounds are interleaved; medians are reported, with the
 ratios fetch ÷ copy, and the fetching process's CPU seconds during a fetch (all its threads).
+
+By default the fetcher dials the holder, so the holder is the WebSocket server and its data
+frames go unmasked; ``--holder-dials`` turns the link around (the fetcher listens, the holder
+joins it), so every data frame is masked by the holder and unmasked by the fetcher, as on the
+half of a cluster's links whose holder dialed.
 """
 
 from __future__ import annotations
@@ -85,7 +90,11 @@ def _card(directory: Path, home: Path) -> ModelCard:
     )
 
 
-async def _holder(directory: Path, home: Path, port_file: Path, chunk: int) -> None:
+async def _holder(
+    directory: Path, home: Path, port_file: Path, chunk: int, dial: bool = False
+) -> None:
+    """Serve ``directory``; listen (writing the port to ``port_file``), or with ``dial`` wait
+    for the fetcher's port in ``port_file`` and join it."""
     card = _card(directory, home)
     server: WeightServer | None = None
 
@@ -94,17 +103,27 @@ async def _holder(directory: Path, home: Path, port_file: Path, chunk: int) -> N
             raise RpcFailed("no_handler", method)
         return await server.handle_rpc(method, body)
 
-    mesh = Mesh(_HOLDER, _SECRET, listen=("127.0.0.1", 0), rpc_handler=rpc)
+    join: list[str] = []
+    if dial:
+        text = ""
+        with trio.fail_after(60):
+            while not text:  # another process writes the file: poll it
+                await trio.sleep(0.05)
+                if await trio.Path(port_file).exists():
+                    text = await trio.Path(port_file).read_text()
+        join = [f"ws://127.0.0.1:{text}"]
+    mesh = Mesh(_HOLDER, _SECRET, listen=("127.0.0.1", 0), join=join, rpc_handler=rpc)
     server = WeightServer(mesh, lambda m: card if m == card.id else None, home, chunk_size=chunk)
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(mesh.run)
         await nursery.start(server.run)
-        await trio.Path(port_file).write_text(str(port))
+        if not dial:
+            await trio.Path(port_file).write_text(str(port))
         await trio.sleep_forever()
 
 
 async def _fetch_rounds(
-    url: str,
+    url: str | Path,
     card: ModelCard,
     source: Path,
     homes: list[Path],
@@ -118,13 +137,16 @@ async def _fetch_rounds(
         assert client is not None
         await client.handle_stream(peer, receiver)
 
-    mesh = Mesh(_FETCHER, _SECRET, listen=("127.0.0.1", 0), join=[url], stream_handler=streams)
+    join = [url] if isinstance(url, str) else []  # a Path: the file to write our port to
+    mesh = Mesh(_FETCHER, _SECRET, listen=("127.0.0.1", 0), join=join, stream_handler=streams)
     client = WeightClient(mesh)
     remote = attrs.evolve(card, source=PathSource("/nonexistent/bench-weights"))
     shard = ShardSlice("single", 0, _TENSORS, _TENSORS)
     results: list[tuple[float, float, float, float, float]] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(mesh.run)
+        _host, port = await nursery.start(mesh.run)
+        if isinstance(url, Path):
+            await trio.Path(url).write_text(str(port))
         with trio.fail_after(30):
             while mesh.link(_HOLDER) is None:  # noqa: ASYNC110 - polling with a deadline
                 await trio.sleep(0.01)
@@ -193,10 +215,12 @@ def run(
     rounds: int = 3,
     chunk_kib: int = CHUNK_SIZE // 1024,
     policy: FetchPolicy = FetchPolicy(),  # noqa: B008 - frozen
+    holder_dials: bool = False,
 ) -> dict[str, object]:
     """Fetch ``mib`` MiB of tensors over one loopback link vs ``shutil.copyfile`` of the same
     bytes, ``rounds`` interleaved rounds; medians and ratios (``fetch_vs_copy`` is fetch MB/s
-    ÷ copy MB/s: 1.0 would be as fast as a local copy). ``chunk_kib``: the holder's chunk size."""
+    ÷ copy MB/s: 1.0 would be as fast as a local copy). ``chunk_kib``: the holder's chunk size;
+    ``holder_dials``: the holder is the link's WebSocket client (its frames masked)."""
     with tempfile.TemporaryDirectory(prefix="skulk-bench-transfer-") as tmp:
         root = Path(tmp)
         directory = write_model(root / "model", mib)
@@ -212,15 +236,18 @@ def run(
                 str(root / "holder-home"),
                 str(port_file),
                 str(chunk_kib * 1024),
+                *(["--dial"] if holder_dials else []),
             ],
         )
         try:
+            url: str | Path = port_file  # the holder dials: the fetcher writes its port there
             deadline = time.monotonic() + 60
-            while not port_file.exists() or not port_file.read_text():
+            while not holder_dials and (not port_file.exists() or not port_file.read_text()):
                 if holder.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the holder process did not start")
                 time.sleep(0.05)
-            url = f"ws://127.0.0.1:{port_file.read_text()}"
+            if not holder_dials:
+                url = f"ws://127.0.0.1:{port_file.read_text()}"
             homes = [root / f"fetch-{i}" for i in range(rounds)]
             results = trio.run(
                 _fetch_rounds,
@@ -245,6 +272,7 @@ def run(
         "chunk_bytes": chunk_kib * 1024,
         "streams_per_holder": policy.streams_per_holder,
         "batch_bytes": policy.batch_bytes,
+        "holder_dials": holder_dials,
         "rounds": rounds,
         "fetch_mb_s": round(fetch, 1),
         "copy_mb_s": round(copy, 1),
@@ -268,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
         batch_bytes=(args.batch_mib << 20) if args.batch_mib else defaults.batch_bytes,
     )
     chunk_kib = args.chunk_kib or CHUNK_SIZE // 1024
-    result = run(args.mib, args.rounds, chunk_kib, policy)
+    result = run(args.mib, args.rounds, chunk_kib, policy, holder_dials=args.holder_dials)
     print(json.dumps(result, indent=None if args.json else 2))
     return 0
 
@@ -280,9 +308,10 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("home", type=Path)
     parser.add_argument("port_file", type=Path)
     parser.add_argument("chunk", type=int)
+    parser.add_argument("--dial", action="store_true", help="join the fetcher (PORT_FILE)")
     args = parser.parse_args(argv)
     try:
-        trio.run(_holder, args.directory, args.home, args.port_file, args.chunk)
+        trio.run(_holder, args.directory, args.home, args.port_file, args.chunk, args.dial)
     except KeyboardInterrupt:
         pass
     return 0

@@ -54,6 +54,8 @@ from ._linkbase import (
     PeerUnreachable,
     RpcFailed,
     RpcTimeout,
+    StreamAborted,
+    StreamStarved,
     StreamStopped,
 )
 from ._linkopen import run_link
@@ -111,8 +113,10 @@ __all__ = [
     "SecretError",
     "SecretSource",
     "ServerHandshake",
+    "StreamAborted",
     "StreamClaim",
     "StreamClaims",
+    "StreamStarved",
     "StreamStopped",
     "StreamTransport",
     "TransportClosed",

@@ -5,7 +5,8 @@ A :class:`Link` is made by :func:`~skulk.federation.run_link` / ``open_link``
 
 Once established the link runs three tasks until it closes: a *sender* (drains the
 :class:`~skulk.federation._outbox.Outbox`, control before data), a *receiver* (decodes each
-message with a strict codec and routes it without ever blocking: raft and telemetry into
+message with a strict codec (a binary data frame by its fixed header, any other message as one
+CBOR link frame) and routes it without ever blocking: raft and telemetry into
 bounded inboxes that drop when full, rpc requests to handler tasks under a concurrency limit,
 data chunks into per-stream buffers bounded by credit) and a *heartbeat* (pings, RTT,
 liveness). Whatever the peer sends, the link's tasks never raise: bad input closes the link
@@ -28,7 +29,7 @@ import trio
 
 from skulk.wire import Codec, FrameTooLarge, WireError
 from skulk.wire.link import (
-    DataChunk,
+    DataAbort,
     DataCredit,
     DataStop,
     LinkFrame,
@@ -38,6 +39,8 @@ from skulk.wire.link import (
     RpcError,
     RpcRequest,
     RpcResponse,
+    decode_data_chunk,
+    is_data_frame,
 )
 from skulk.wire.telemetry import TelemetryDigest, TelemetryFrame, TelemetryPush
 
@@ -116,7 +119,7 @@ class Link:
         self._streams = StreamTable(
             peer_id,
             config.max_streams,
-            self._codec,
+            config.credit_timeout,
             self._outbox,
             self._streams_send,
             closed=lambda: self._closed,
@@ -325,6 +328,14 @@ class Link:
             self._last_received = trio.current_time()
             self._bytes_in += len(message)
             self._frames_in += 1
+            if is_data_frame(message):  # a data chunk: a fixed header and the raw body
+                try:
+                    chunk = decode_data_chunk(message)
+                except WireError as exc:
+                    self._violation(LinkCloseReason.MALFORMED_FRAME, str(exc)[:200])
+                    return
+                self._streams.on_chunk(chunk)
+                continue
             try:
                 frame = self._codec.decode(message)
             except FrameTooLarge as exc:
@@ -353,8 +364,8 @@ class Link:
             self._rpc.on_request(frame)
         elif isinstance(frame, RpcResponse | RpcError):
             self._rpc.on_answer(frame)
-        elif isinstance(frame, DataChunk):
-            self._streams.on_chunk(frame)
+        elif isinstance(frame, DataAbort):
+            self._streams.on_abort(frame)
         elif isinstance(frame, DataCredit):
             self._streams.on_credit(frame)
         elif isinstance(frame, DataStop):

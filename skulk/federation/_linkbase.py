@@ -120,6 +120,10 @@ class LinkConfig:
     max_streams: int = 256
     """Open data streams per direction: outgoing beyond it raise :class:`LinkBusy`, incoming
     beyond it are stopped at once (the sender sees :class:`StreamStopped`)."""
+    credit_timeout: float = attrs.field(default=30.0, validator=_positive)
+    """How long a data stream's ``send`` waits for the receiver's credit. Past it the stream is
+    aborted (``DataAbort`` with reason ``credit_timeout``), its slot freed, and the sender sees
+    :class:`StreamStarved`: a peer that never grants credit cannot hold a stream for ever."""
 
     def __attrs_post_init__(self) -> None:
         for name in (
@@ -193,6 +197,32 @@ class StreamStopped(LinkError):
     def __init__(self, stream_id: int) -> None:
         super().__init__(f"data stream {stream_id} was stopped by its receiver")
         self.stream_id = stream_id
+
+
+class StreamStarved(StreamStopped):
+    """The receiver of a data stream granted no credit within ``LinkConfig.credit_timeout``
+    (``waited`` seconds): the sender aborted the stream (``credit_timeout``) and freed its slot.
+    A :class:`StreamStopped`: the stream is over, as if the receiver had stopped it."""
+
+    def __init__(self, stream_id: int, waited: float) -> None:
+        LinkError.__init__(
+            self, f"data stream {stream_id}: no credit from its receiver for {waited:g} s"
+        )
+        self.stream_id = stream_id
+        self.waited = waited
+
+
+class StreamAborted(PeerUnreachable):
+    """The sender of a data stream aborted it (``DataAbort``): no more chunks will come.
+    ``reason`` is its stable snake_case name (``credit_timeout``, or the sender's own). A
+    :class:`PeerUnreachable` (with ``closed`` ``None``: the link itself may be open), so a
+    consumer that handles a lost peer handles it too."""
+
+    def __init__(self, stream_id: int, reason: str) -> None:
+        LinkError.__init__(self, f"data stream {stream_id} was aborted by its sender: {reason}")
+        self.closed = None
+        self.stream_id = stream_id
+        self.reason = reason
 
 
 @attrs.frozen

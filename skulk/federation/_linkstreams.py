@@ -4,7 +4,8 @@ credit grant and stop to its stream.
 :class:`StreamTable` is driven by its :class:`~skulk.federation.Link`: the link's receiver task
 hands it the data frames, which it handles without ever blocking (a new incoming stream beyond
 ``max_streams``, or one nobody takes, is stopped at once; a gap, a chunk beyond the credit
-granted, or a stream not starting at 0 closes the link). The stream ends themselves are
+granted, or a stream not starting at 0 closes the link; an abort ends its stream after what
+arrived, and one for a stream this side never saw is ignored). The stream ends themselves are
 :class:`~skulk.federation.DataSender` and :class:`~skulk.federation.DataReceiver`
 (:mod:`skulk.federation._datastream`).
 """
@@ -16,8 +17,7 @@ from collections.abc import Callable
 
 import trio
 
-from skulk.wire import Codec
-from skulk.wire.link import DataChunk, DataCredit, DataStop, LinkFrame
+from skulk.wire.link import DataAbort, DataChunk, DataCredit, DataStop
 
 from ._datastream import ClosedInfo, DataReceiver, DataSender, InStream, OutStream
 from ._linkbase import LinkBusy, LinkCloseReason, PeerUnreachable
@@ -36,7 +36,7 @@ class StreamTable:
         self,
         peer_id: str,
         max_streams: int,
-        codec: Codec[LinkFrame],
+        credit_timeout: float,
         outbox: Outbox,
         incoming: trio.MemorySendChannel[DataReceiver],
         *,
@@ -45,7 +45,7 @@ class StreamTable:
     ) -> None:
         self._peer_id = peer_id
         self._max_streams = max_streams
-        self._codec = codec
+        self._credit_timeout = credit_timeout
         self._outbox = outbox
         self._incoming = incoming
         self._closed = closed
@@ -76,7 +76,7 @@ class StreamTable:
             raise LinkBusy(f"{len(self._out_streams)} data streams to {self._peer_id} are open")
         state = OutStream(next(self._stream_ids))
         self._out_streams[state.stream_id] = state
-        return DataSender(state, self._outbox, self._codec, self._closed, self._forget_out)
+        return DataSender(state, self._outbox, self._closed, self._forget_out, self._credit_timeout)
 
     def _forget_out(self, stream_id: int) -> None:
         self._out_streams.pop(stream_id, None)
@@ -102,6 +102,13 @@ class StreamTable:
         if out_stream is not None:
             out_stream.stopped = True
             out_stream.lot.unpark_all()
+
+    def on_abort(self, frame: DataAbort) -> None:
+        st = self._in_streams.pop(frame.stream_id, None)
+        if st is not None and not st.ended:
+            # Peer-supplied text, shown in logs: printable and short.
+            st.aborted = "".join(c for c in frame.reason[:64] if c.isprintable()) or "unknown"
+            st.lot.unpark_all()
 
     def on_chunk(self, chunk: DataChunk) -> None:
         st = self._in_streams.get(chunk.stream_id)

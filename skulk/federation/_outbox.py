@@ -1,7 +1,9 @@
 """A link's outgoing queues and the priority its sender task drains them in.
 
 Control frames always go before data chunks, so a saturated data topic delays a control frame
-by at most the one chunk being sent. Within control: the latest pong (RTT accuracy), pending
+by at most the one chunk being sent. A stream's abort (``DataAbort``) goes in the data queue,
+after the chunks of that stream already queued (it is their end), and is never refused for
+want of room (one per stream at most). Within control: the latest pong (RTT accuracy), pending
 credit grants and stream stops (coalesced per stream, so they never wait for room and never
 pile up), then raft/rpc/telemetry frames in FIFO order, then the latest ping. Everything is
 bounded: ``control`` and ``data`` by their capacities, credits and stops by the number of
@@ -16,7 +18,7 @@ from collections.abc import Callable
 import trio
 
 from skulk.wire import Codec
-from skulk.wire.link import DataCredit, DataStop, LinkFrame, Ping, Pong
+from skulk.wire.link import DataAbort, DataCredit, DataStop, LinkFrame, Ping, Pong
 
 
 class OutboxClosed(Exception):
@@ -120,6 +122,13 @@ class Outbox:
         """Queue an encoded data chunk; the caller checked :meth:`data_has_room`."""
         self._check()
         self._data.append(frame)
+        self._work.unpark_all()
+
+    def abort_stream(self, stream_id: int, reason: str) -> None:
+        """Queue ``DataAbort`` for an outgoing stream, after its chunks already queued (room
+        or not: the caller sends one per stream at most)."""
+        self._check()
+        self._data.append(self._codec.encode(DataAbort(stream_id=stream_id, reason=reason)))
         self._work.unpark_all()
 
     # ---- the sender's side ----

@@ -42,7 +42,6 @@ from skulk.wire.transfer import (
     ManifestRequest,
     RangeRequest,
     RangesAccepted,
-    TransferBytes,
     TransferEnd,
     TransferFailed,
     TransferHeader,
@@ -118,9 +117,6 @@ class RangeStream:
                 case memoryview():
                     self._client.bytes_received += len(item)
                     return item
-                case TransferBytes(data=data):
-                    self._client.bytes_received += len(data)
-                    return memoryview(data)
                 case TransferEnd():
                     raise trio.EndOfChannel
                 case TransferFailed(reason=reason, message=message):

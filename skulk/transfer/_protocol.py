@@ -9,9 +9,9 @@ import attrs
 import trio
 
 from skulk.federation import DataReceiver, Link, PeerUnreachable
-from skulk.wire import Codec, WireError
+from skulk.wire import Codec, MalformedFrame, WireError
 from skulk.wire.transfer import (
-    TransferBytes,
+    TRANSFER_DATA_TAG,
     TransferHeader,
     TransferItem,
     TransferReply,
@@ -25,8 +25,8 @@ RANGES_METHOD = "transfer.ranges"
 bytes follow on a data stream)."""
 TRANSFER_METHODS = (MANIFEST_METHOD, RANGES_METHOD)
 
-#: Bytes of file data per stream chunk (a link frame carries it with a few bytes of framing;
-#: the link's frames are at most 4 MiB). Per-chunk costs (a worker-thread hop to read it, a
+#: Bytes of file data per stream chunk (a binary data frame carries it with 19 bytes of
+#: framing; the link's frames are at most 4 MiB). Per-chunk costs (a worker-thread hop to read it, a
 #: WebSocket message each way, a hop to hash and write it) dominate small chunks: on loopback
 #: 1 MiB chunks fetched at ~1.8x the rate of 256 KiB ones (``python -m skulk.bench
 #: transfer``). A token stream on the same link waits behind at most a few chunks in flight.
@@ -41,41 +41,15 @@ REPLY_CODEC: Codec[TransferReply] = Codec(TransferReply)
 ITEM_CODEC: Codec[TransferItem] = Codec(TransferItem)
 
 
-#: What this codec writes before the byte string of a ``TransferBytes`` (its map header, the
-#: tag entry and the ``data`` key): the fast path of :func:`decode_item` looks for it.
-_BYTES_PREFIX = ITEM_CODEC.encode(TransferBytes(b""))[:-1]
-
-
 def decode_item(chunk: bytes) -> TransferItem | memoryview:
-    """A transfer stream chunk: the data of a ``TransferBytes`` as a view into ``chunk`` (no
-    copy), any other item decoded. Accepts exactly what ``ITEM_CODEC.decode`` accepts:
-    chunks in the codec's own encoding of ``TransferBytes`` (checked to the last byte) take
-    the fast path, everything else goes through the codec. Raises ``WireError``."""
-    data = _bytes_fast_path(chunk)
-    return data if data is not None else ITEM_CODEC.decode(chunk)
-
-
-def _bytes_fast_path(chunk: bytes) -> memoryview | None:
-    at = len(_BYTES_PREFIX)
-    if not at < len(chunk) <= ITEM_CODEC.max_frame_size or not chunk.startswith(_BYTES_PREFIX):
-        return None
-    head = chunk[at]
-    if head >> 5 != 2:  # not a byte string
-        return None
-    info = head & 0x1F
-    if info < 24:
-        length, start = info, at + 1
-    elif 24 <= info <= 27:
-        width = 1 << (info - 24)
-        length = int.from_bytes(chunk[at + 1 : at + 1 + width], "big")
-        start = at + 1 + width
-        if length < (24 if width == 1 else 1 << (4 * width)):
-            return None  # not the shortest form: let the codec judge it
-    else:
-        return None
-    if start + length != len(chunk):
-        return None
-    return memoryview(chunk)[start:]
+    """A transfer stream chunk: a data item's file bytes as a view into ``chunk`` (no copy),
+    any other item decoded by ``ITEM_CODEC``. Raises ``WireError`` (an empty data item, or a
+    chunk that is neither a data item nor a valid CBOR item)."""
+    if chunk and chunk[0] == TRANSFER_DATA_TAG:
+        if len(chunk) == 1:
+            raise MalformedFrame("a transfer data item with no bytes")
+        return memoryview(chunk)[1:]
+    return ITEM_CODEC.decode(chunk)
 
 
 def positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

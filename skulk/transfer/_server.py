@@ -13,8 +13,10 @@ Everything else is a typed refusal (rpc error reasons, listed in
 :mod:`skulk.wire.transfer`). An accepted range request is streamed back on a data stream
 from :meth:`run`'s nursery: a reader task reads chunks on a worker thread (never on the Trio
 thread) a few ahead of the sender, which waits for the fetcher's credit (bounded by
-``timeouts.send``). At most ``max_per_peer`` streams per peer and ``max_streams`` in all;
-more are refused ``overloaded`` (the fetcher retries).
+``timeouts.send``; a stream given up unfinished is aborted, so the link's stream slot is freed
+with the server's own). Chunks are raw data items (``TRANSFER_DATA_TAG`` and the bytes, read
+straight into the item), never CBOR. At most ``max_per_peer`` streams per peer and
+``max_streams`` in all; more are refused ``overloaded`` (the fetcher retries).
 
 The manifest of a model directory is computed once (on a worker thread; from the on-disk cache
 that :func:`~skulk.models.model_card` filled, so usually without hashing) and kept; a served
@@ -57,11 +59,11 @@ from skulk.store import MANIFEST_NAME, ModelStore
 from skulk.wire import WireError
 from skulk.wire.cluster import ModelCard, PathSource
 from skulk.wire.transfer import (
+    TRANSFER_DATA_TAG,
     ManifestPart,
     ManifestRequest,
     RangeRequest,
     RangesAccepted,
-    TransferBytes,
     TransferEnd,
     TransferFailed,
     TransferHeader,
@@ -118,9 +120,10 @@ def _stored_manifest(directory: Path, _home: Path) -> LocalManifest:
 
 @attrs.frozen
 class _Chunk:
-    """A chunk read for a stream: its ``TransferBytes`` encoding and how many file bytes."""
+    """A chunk read for a stream: its data item (the tag, then the bytes) and how many file
+    bytes."""
 
-    encoded: bytes
+    encoded: bytearray
     size: int
 
 
@@ -210,10 +213,13 @@ class WeightServer:
         return data
 
     def _read_chunk(self, path: Path, start: int, end: int) -> _Chunk:
-        """:meth:`read_range`, encoded as a ``TransferBytes`` item (worker thread)."""
-        return _Chunk(
-            ITEM_CODEC.encode(TransferBytes(self.read_range(path, start, end))), end - start
-        )
+        """:meth:`read_range` as a data item: the file bytes read straight into the item's
+        buffer, after its tag (worker thread)."""
+        item = bytearray(1 + end - start)
+        item[0] = TRANSFER_DATA_TAG
+        with memoryview(item) as view:
+            view[1:] = self.read_range(path, start, end)
+        return _Chunk(item, end - start)
 
     # ---- rpc ----
 
@@ -404,10 +410,14 @@ class WeightServer:
             self._per_peer[peer] -= 1
             if not self._per_peer[peer]:
                 del self._per_peer[peer]
-            if failure is not None and not sender.ended and link.closed is None:
-                with trio.move_on_after(1.0, shield=True):
-                    with contextlib.suppress(LinkError, RuntimeError):
-                        await sender.send(ITEM_CODEC.encode(failure), end=True)
+            if not sender.ended and link.closed is None:
+                if failure is not None:
+                    with trio.move_on_after(1.0, shield=True):
+                        with contextlib.suppress(LinkError, RuntimeError):
+                            await sender.send(ITEM_CODEC.encode(failure), end=True)
+                # Not ended yet (no credit for the failure, or the fetcher stalled past
+                # timeouts.send): abort it, so its slot on the link is freed now.
+                sender.abort(failure.reason if failure is not None else "abandoned")
 
     async def _stream(
         self,
@@ -452,9 +462,9 @@ class WeightServer:
     async def _read_all(
         self, path: Path, request: RangeRequest, out: trio.MemorySendChannel[_Chunk | _Refuse]
     ) -> None:
-        """Read the ranges chunk by chunk into ``out`` (one chunk ahead of the sender), each
-        encoded as its ``TransferBytes`` item on the worker thread that read it (a copy of
-        every byte the Trio thread does not make); a read failure is the last item."""
+        """Read the ranges chunk by chunk into ``out`` (a few chunks ahead of the sender), each
+        made its data item on the worker thread that read it; a read failure is the last
+        item."""
         async with out:
             for r in request.ranges:
                 for at in range(r.start, r.end, self._chunk):
@@ -468,6 +478,8 @@ class WeightServer:
                         return
                     await out.send(data)
 
-    async def _send(self, sender: DataSender, body: bytes, *, end: bool = False) -> None:
+    async def _send(
+        self, sender: DataSender, body: bytes | bytearray, *, end: bool = False
+    ) -> None:
         with trio.fail_after(self._t.send):
             await sender.send(body, end=end)

@@ -35,7 +35,10 @@ PROTOCOL_VERSION = 4
 2: a routed request's end (``RouteEnd``) carries one ``GenerationEnd`` record (issue 20).
 3: the State has downloads (``StartDownload``, ``DownloadFailed``) and ``ReleaseModel``, cards
 have Hub and imported sources, the leader answers ``PullAsk`` (issue 22).
-4: placements and deletions carry idempotency keys the State remembers (issue 23)."""
+4: placements and deletions carry idempotency keys the State remembers; data chunks are binary
+data frames (a fixed header and the raw body, no CBOR), a stream's sender can abort it
+(``DataAbort``), and a transfer stream's file bytes are raw data items (issue 22: peer fetch
+throughput; issue 23: idempotent control asks, credit starvation)."""
 
 HANDSHAKE_MAX_FRAME_SIZE = 4096
 """Limit on one handshake frame's CBOR body; a real one is a few hundred bytes."""

@@ -9,7 +9,11 @@ The protocol version was settled by the handshake, so link frames carry none. To
 * ``rpc``: :class:`RpcRequest` answered by exactly one :class:`RpcResponse` or :class:`RpcError`
   with the same ``call_id`` (unless the link dies first);
 * ``data``: :class:`DataChunk` streams, ordered per stream by ``seq`` and flow-controlled by
-  credit (:class:`DataCredit`, :class:`DataStop`);
+  credit (:class:`DataCredit`, :class:`DataStop`, :class:`DataAbort`). A data chunk is not a
+  CBOR frame: it is a *binary data frame* (:func:`encode_data_chunk` /
+  :func:`decode_data_chunk`), a fixed 18-byte header and the raw body, so a chunk's bytes are
+  never CBOR-encoded or decoded. A message whose first byte is :data:`DATA_FRAME_KIND` (``0x00``,
+  never the first byte of a CBOR map) is one; every other message is a CBOR :data:`LinkFrame`;
 * ``telemetry``: :class:`~skulk.wire.telemetry.TelemetryDigest` and
   :class:`~skulk.wire.telemetry.TelemetryPush`, carried as they are.
 
@@ -19,8 +23,11 @@ them normatively.
 
 from __future__ import annotations
 
+import struct
+
 import attrs
 
+from ._errors import MalformedFrame
 from .telemetry import TelemetryDigest, TelemetryPush
 
 LINK_MAX_FRAME_SIZE = 4 * 1024 * 1024
@@ -91,12 +98,54 @@ class RpcError:
 @attrs.frozen
 class DataChunk:
     """Chunk ``seq`` (0, 1, 2, ...) of the sender's data stream ``stream_id``. A sender numbers
-    its streams upwards and never reuses an id on a link. ``end`` marks the last chunk."""
+    its streams upwards and never reuses an id on a link. ``end`` marks the last chunk.
+
+    Carried as a binary data frame (:func:`encode_data_chunk`), not as CBOR."""
 
     stream_id: int
     seq: int
     body: bytes
     end: bool
+
+
+DATA_FRAME_KIND = 0x00
+"""The first byte of a binary data frame. A CBOR link frame is a map (first byte 0xA0-0xBF)."""
+DATA_HEADER = struct.Struct(">BBQQ")
+"""A binary data frame's header: kind (:data:`DATA_FRAME_KIND`), flags, ``stream_id``, ``seq``
+(both unsigned 64-bit, big-endian); the chunk's body follows, to the end of the message."""
+DATA_HEADER_SIZE = DATA_HEADER.size
+DATA_FLAG_END = 0x01
+"""The only flag: the stream's last chunk. Any other flag bit set is a malformed frame."""
+_MAX_U64 = 2**64 - 1
+
+
+def encode_data_chunk(
+    stream_id: int, seq: int, body: bytes | bytearray | memoryview, end: bool
+) -> bytes:
+    """The binary data frame of chunk ``seq`` of stream ``stream_id`` (one copy of ``body``)."""
+    if not (0 <= stream_id <= _MAX_U64 and 0 <= seq <= _MAX_U64):
+        raise ValueError(f"stream id {stream_id} or seq {seq} outside 0..2**64-1")
+    head = DATA_HEADER.pack(DATA_FRAME_KIND, DATA_FLAG_END if end else 0, stream_id, seq)
+    return head + body
+
+
+def is_data_frame(message: bytes) -> bool:
+    """Whether ``message`` is a binary data frame (by its first byte; not yet validated)."""
+    return bool(message) and message[0] == DATA_FRAME_KIND
+
+
+def decode_data_chunk(message: bytes) -> DataChunk:
+    """The chunk in a binary data frame. Raises :class:`~skulk.wire.MalformedFrame` for a
+    message shorter than the header, of another kind, or with an unknown flag bit set. The
+    size limit is the transport's (a data frame is one link message)."""
+    if len(message) < DATA_HEADER_SIZE:
+        raise MalformedFrame(f"a data frame of {len(message)} bytes is shorter than its header")
+    kind, flags, stream_id, seq = DATA_HEADER.unpack_from(message)
+    if kind != DATA_FRAME_KIND:
+        raise MalformedFrame(f"a data frame of kind {kind:#04x}, not {DATA_FRAME_KIND:#04x}")
+    if flags & ~DATA_FLAG_END:
+        raise MalformedFrame(f"a data frame with unknown flags {flags:#04x}")
+    return DataChunk(stream_id, seq, message[DATA_HEADER_SIZE:], bool(flags & DATA_FLAG_END))
 
 
 @attrs.frozen
@@ -114,6 +163,16 @@ class DataStop:
     stream_id: int
 
 
+@attrs.frozen
+class DataAbort:
+    """From a stream's sender: the stream ends here, unfinished; no more chunks of it follow.
+    ``reason`` is a stable snake_case name: the link's own ``credit_timeout`` (the receiver
+    granted no credit within the sender's deadline) or one the sending side chose."""
+
+    stream_id: int
+    reason: str
+
+
 LinkFrame = (
     Ping
     | Pong
@@ -121,9 +180,9 @@ LinkFrame = (
     | RpcRequest
     | RpcResponse
     | RpcError
-    | DataChunk
     | DataCredit
     | DataStop
+    | DataAbort
     | TelemetryDigest
     | TelemetryPush
 )

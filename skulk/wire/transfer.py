@@ -12,11 +12,12 @@ form) is hashed into the model card's ``manifest_sha256``; :mod:`skulk.models` b
 ``offset``, at most 1 MiB per part) and rpc ``transfer.ranges`` (body: one
 :class:`RangeRequest`, answered by :class:`RangesAccepted`) on a node holding the model; the
 calling node is the link's authenticated peer. Once a range request is accepted, the holder
-opens a data stream to the caller whose chunks are :data:`TransferItem`\\ s, one per chunk:
+opens a data stream to the caller whose chunks are transfer items, one per chunk:
 
 1. one :class:`TransferHeader` naming the request;
-2. :class:`TransferBytes`: the requested ranges' bytes, in request order, concatenated (a
-   chunk may span ranges);
+2. *data items*: the byte :data:`TRANSFER_DATA_TAG` (``0x00``) followed by the next bytes of
+   the requested ranges, in request order, concatenated (a chunk may span ranges). Raw, not
+   CBOR: a file's bytes are never CBOR-encoded or decoded;
 3. exactly one :class:`TransferEnd` (every byte was sent) or :class:`TransferFailed`, sent
    as the stream's end chunk.
 
@@ -133,13 +134,6 @@ class TransferHeader:
 
 
 @attrs.frozen
-class TransferBytes:
-    """The next bytes of the requested ranges."""
-
-    data: bytes
-
-
-@attrs.frozen
 class TransferEnd:
     """Every requested byte was sent: the end of the stream."""
 
@@ -153,4 +147,9 @@ class TransferFailed:
     message: str
 
 
-TransferItem = TransferHeader | TransferBytes | TransferEnd | TransferFailed
+TransferItem = TransferHeader | TransferEnd | TransferFailed
+"""The CBOR items of a transfer stream (every chunk that is not a data item)."""
+
+TRANSFER_DATA_TAG = 0x00
+"""The first byte of a transfer stream's data item (the file bytes follow, at least one). A
+CBOR :data:`TransferItem` is a map, whose first byte is never 0x00."""

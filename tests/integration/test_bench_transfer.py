@@ -37,6 +37,23 @@ def test_transfer_bench_reports_its_settings_and_ratios() -> None:
     assert len(result["fetch_s"]) == 1
 
 
+def test_the_holder_can_dial_the_fetcher() -> None:
+    """``--holder-dials``: the link the other way round (the holder's frames masked)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "skulk.bench", "transfer", "--json", *TINY, "--holder-dials"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["holder_dials"] is True and result["fetch_mb_s"] > 0
+
+
 def test_the_verified_copy_copies_every_byte(tmp_path: Path) -> None:
     from skulk.bench._transfer import _verified_copy
 

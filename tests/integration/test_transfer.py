@@ -13,6 +13,7 @@ import shutil
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import mlx.core as mx
@@ -642,6 +643,42 @@ async def test_the_server_bounds_streams_per_peer(
                     except trio.EndOfChannel:
                         break
             assert got == entry.size
+        assert a.server.statistics().abandoned == 1
+
+
+class _Impatient(WeightServer):
+    """A holder that waits only 0.5 s for a fetcher's credit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["timeouts"] = attrs.evolve(TIMEOUTS, send=0.5)
+        super().__init__(*args, **kwargs)
+
+
+async def test_a_fetcher_that_grants_no_credit_loses_its_stream_and_frees_the_slot(
+    tmp_path: Path, manifest: LocalManifest, card: ModelCard
+) -> None:
+    """Issue 23: the fetcher stops reading (so grants no credit). The holder gives the stream
+    up after its send deadline and aborts it, which frees the link's stream slot as well as
+    its own; the fetcher gets what came, then a typed failure. Before, the holder's own slot
+    was freed but the link's stayed taken until the link reconnected."""
+    entry = max(manifest.manifest.files, key=lambda f: f.size)
+    everything = [ByteRange(0, entry.size)]
+    servers: dict[str, type[WeightServer]] = {"node-a": _Impatient}
+    async with cluster(tmp_path, {"gen": card}, servers=servers) as nodes:
+        c, a = nodes["node-c"], nodes["node-a"]
+        to_c = a.mesh.link("node-c")
+        assert to_c is not None
+        sha = manifest.sha256
+        async with c.client.open_ranges("node-a", "gen", sha, entry.name, everything) as stalled:
+            assert len(await stalled.receive()) == CHUNK  # and then it stops reading
+            with trio.fail_after(WITHIN):
+                while a.server.serving or to_c.statistics().streams_out:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            got = CHUNK
+            with pytest.raises(PeerFailure, match="aborted by its sender: abandoned") as failed:
+                while True:
+                    got += len(await stalled.receive())
+            assert not failed.value.lasting and got < entry.size
         assert a.server.statistics().abandoned == 1
 
 

@@ -42,6 +42,7 @@ from skulk.federation import (
 from skulk.wire import Codec
 from skulk.wire.link import (
     DATA_INITIAL_CREDIT,
+    DataAbort,
     DataChunk,
     DataCredit,
     DataStop,
@@ -52,6 +53,7 @@ from skulk.wire.link import (
     RpcError,
     RpcRequest,
     RpcResponse,
+    encode_data_chunk,
 )
 from skulk.wire.telemetry import TelemetryDigest, TelemetryPush, TelemetryVersion
 from tests._doubles import SECRET, counter_rng
@@ -136,7 +138,16 @@ telemetry = st.one_of(
         forgotten=st.just(()),
     ),
 )
-valid_frames: st.SearchStrategy[LinkFrame] = st.one_of(
+
+
+def encode(frame: LinkFrame | DataChunk) -> bytes:
+    """A link message: a data chunk as its binary data frame, anything else as CBOR."""
+    if isinstance(frame, DataChunk):
+        return encode_data_chunk(frame.stream_id, frame.seq, frame.body, frame.end)
+    return CODEC.encode(frame)
+
+
+valid_frames: st.SearchStrategy[LinkFrame | DataChunk] = st.one_of(
     st.builds(Ping, ints, ints),
     st.builds(Pong, ints, ints),
     st.builds(RaftMessage, small_bytes),
@@ -145,21 +156,31 @@ valid_frames: st.SearchStrategy[LinkFrame] = st.one_of(
     st.builds(RpcError, ints, st.text(max_size=6), st.text(max_size=6)),
     st.builds(
         DataChunk,
-        st.integers(-1, 6),
-        st.integers(-1, DATA_INITIAL_CREDIT + 2),
+        st.integers(0, 6),
+        st.integers(0, DATA_INITIAL_CREDIT + 2),
         small_bytes,
         st.booleans(),
     ),
     st.builds(DataCredit, st.integers(-1, 6), ints),
     st.builds(DataStop, st.integers(-1, 6)),
+    st.builds(DataAbort, st.integers(-1, 6), st.text(max_size=6)),
     telemetry,
 )
 
 
 @st.composite
 def mutated_frames(draw: st.DrawFn) -> bytes:
-    """A valid frame's CBOR map with one field dropped, added or given another value."""
-    plain: dict[str, Any] = CODEC.unstructure(draw(valid_frames))
+    """A valid frame's CBOR map with one field dropped, added or given another value; a data
+    chunk's binary frame cut short or with one byte changed (header or body)."""
+    frame = draw(valid_frames)
+    if isinstance(frame, DataChunk):
+        raw = bytearray(encode(frame))
+        at = draw(st.integers(0, len(raw) - 1))
+        if draw(st.booleans()):
+            return bytes(raw[:at])
+        raw[at] ^= draw(st.integers(1, 255))
+        return bytes(raw)
+    plain: dict[str, Any] = CODEC.unstructure(frame)
     key = draw(st.sampled_from(sorted(plain)))
     how = draw(st.sampled_from(["drop", "replace", "add"]))
     if how == "drop":
@@ -183,7 +204,7 @@ messages = st.one_of(
     cbor_values.map(encode_any),
     frame_like.map(encode_any),
     mutated_frames(),
-    valid_frames.map(CODEC.encode),
+    valid_frames.map(encode),
 )
 
 
@@ -303,8 +324,10 @@ def test_authenticated_link_survives_any_messages(feed: list[bytes]) -> None:
 
 @FUZZ
 @given(st.lists(valid_frames, min_size=1, max_size=25))
-def test_authenticated_link_survives_any_valid_frame_sequence(frames: list[LinkFrame]) -> None:
-    outcome = run_authenticated([CODEC.encode(f) for f in frames])
+def test_authenticated_link_survives_any_valid_frame_sequence(
+    frames: list[LinkFrame | DataChunk],
+) -> None:
+    outcome = run_authenticated([encode(f) for f in frames])
     # Valid frames alone may only be refused for breaking the topic rules.
     assert outcome.link_closed.reason in {
         LinkCloseReason.CLOSED,
@@ -317,7 +340,7 @@ def test_authenticated_link_survives_any_valid_frame_sequence(frames: list[LinkF
 def test_oversized_and_flooding_input_stays_bounded() -> None:
     flood = [CODEC.encode(RaftMessage(bytes(100))) for _ in range(50)]
     flood += [CODEC.encode(RpcRequest(i, "m", b"\x01", 10_000)) for i in range(20)]
-    flood += [CODEC.encode(DataChunk(i, 0, b"x", False)) for i in range(10)]
+    flood += [encode(DataChunk(i, 0, b"x", False)) for i in range(10)]
     outcome = run_authenticated(flood)
     assert outcome.link_closed.reason is LinkCloseReason.CLOSED
     assert len(outcome.handled) <= 20

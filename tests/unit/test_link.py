@@ -46,7 +46,17 @@ from skulk.federation._machine import FROM_SERVER
 from skulk.federation._transport import MessageTransport
 from skulk.wire import Codec
 from skulk.wire.federation import PROTOCOL_VERSION, ServerChallenge
-from skulk.wire.link import LinkFrame, Ping, Pong, RaftMessage, RpcRequest
+from skulk.wire.link import (
+    DataChunk,
+    LinkFrame,
+    Ping,
+    Pong,
+    RaftMessage,
+    RpcRequest,
+    decode_data_chunk,
+    encode_data_chunk,
+    is_data_frame,
+)
 from skulk.wire.telemetry import TelemetryDigest
 from tests._doubles import OTHER_SECRET, SECRET, counter_rng
 
@@ -136,11 +146,17 @@ class RawPeer:
         finally:
             self.done.set()
 
-    def frames(self) -> list[LinkFrame]:
-        return [CODEC.decode(m) for m in self.received]
+    def frames(self) -> list[LinkFrame | DataChunk]:
+        return [
+            decode_data_chunk(m) if is_data_frame(m) else CODEC.decode(m) for m in self.received
+        ]
 
-    async def send(self, frame: LinkFrame) -> None:
-        await self.transport.send_message(CODEC.encode(frame))
+    async def send(self, frame: LinkFrame | DataChunk) -> None:
+        if isinstance(frame, DataChunk):  # a binary data frame, not CBOR
+            message = encode_data_chunk(frame.stream_id, frame.seq, frame.body, frame.end)
+        else:
+            message = CODEC.encode(frame)
+        await self.transport.send_message(message)
 
     async def wait_closed(self) -> TransportClosed:
         await self.done.wait()

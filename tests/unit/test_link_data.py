@@ -1,11 +1,13 @@
 """The data topic of a federation link: per-stream order, duplicates, gaps, credit flow control
-and backpressure, stopping, and control traffic never starved by saturated data."""
+and backpressure, stopping, aborting (credit starvation), binary data frames from a hostile
+peer, and control traffic never starved by saturated data."""
 
 from __future__ import annotations
 
 import time
 
 import attrs
+import cbor2
 import pytest
 import trio
 import trio.lowlevel
@@ -16,9 +18,20 @@ from skulk.federation import (
     LinkBusy,
     LinkCloseReason,
     PeerUnreachable,
+    StreamAborted,
+    StreamStarved,
     StreamStopped,
 )
-from skulk.wire.link import DATA_INITIAL_CREDIT, DataChunk, DataCredit, DataStop
+from skulk.wire.link import (
+    DATA_FLAG_END,
+    DATA_HEADER,
+    DATA_HEADER_SIZE,
+    DATA_INITIAL_CREDIT,
+    DataAbort,
+    DataChunk,
+    DataCredit,
+    DataStop,
+)
 
 from .test_link import CONFIG, link_pair, raw_peer_and_link, wait_for
 
@@ -325,3 +338,151 @@ async def test_peek_at_an_empty_end_ends_and_a_closed_link_is_unreachable(
         await b.wait_closed()
         with pytest.raises(PeerUnreachable):
             await receiver.peek()
+
+
+# ---- credit starvation (issue 23) and aborted streams -------------------------------------------
+
+
+async def test_a_stream_starved_of_credit_is_aborted_and_its_slot_freed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A peer that takes chunks but never grants credit: the sender's send gives up after
+    ``credit_timeout`` (StreamStarved, a StreamStopped), the peer is told why (DataAbort
+    ``credit_timeout``), and the stream's slot on the link is free again. Before the deadline
+    existed, the send waited for ever and the slot stayed taken until the link closed."""
+    config = attrs.evolve(CONFIG, credit_timeout=2.0)
+    async with raw_peer_and_link(config=config) as (peer, link):
+        stream = link.open_stream()
+        for _ in range(DATA_INITIAL_CREDIT):
+            await stream.send(b"x")
+        started = trio.current_time()
+        with trio.fail_after(60), pytest.raises(StreamStarved) as starved:
+            await stream.send(b"one too many")
+        assert isinstance(starved.value, StreamStopped)
+        assert trio.current_time() - started == pytest.approx(2.0)
+        assert link.statistics().streams_out == 0
+        assert link.closed is None  # the link itself goes on
+        await wait_for(lambda: DataAbort(stream_id=0, reason="credit_timeout") in peer.frames())
+        chunks = [f for f in peer.frames() if isinstance(f, DataChunk)]
+        assert [c.seq for c in chunks] == list(range(DATA_INITIAL_CREDIT))  # the abort after them
+        with pytest.raises(StreamStarved):
+            await stream.send(b"after the abort")
+
+
+async def test_credit_in_time_keeps_the_stream(autojump_clock: trio.testing.MockClock) -> None:
+    config = attrs.evolve(CONFIG, credit_timeout=2.0)
+    async with raw_peer_and_link(config=config) as (peer, link):
+        stream = link.open_stream()
+        for _ in range(DATA_INITIAL_CREDIT):
+            await stream.send(b"x")
+
+        async def grant_late() -> None:
+            await trio.sleep(1.5)
+            await peer.send(DataCredit(stream_id=0, limit=DATA_INITIAL_CREDIT + 1))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(grant_late)
+            await stream.send(b"in time")
+        assert link.statistics().streams_out == 1
+        assert not any(isinstance(f, DataAbort) for f in peer.frames())
+
+
+async def test_an_aborted_stream_delivers_what_came_then_says_why(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with raw_peer_and_link() as (peer, link):
+        await peer.send(DataChunk(stream_id=0, seq=0, body=b"kept", end=False))
+        await peer.send(DataAbort(stream_id=0, reason="credit_timeout"))
+        receiver = await link.incoming_streams.receive()
+        assert await receiver.receive() == b"kept"
+        with pytest.raises(StreamAborted) as aborted:
+            await receiver.receive()
+        assert aborted.value.reason == "credit_timeout"
+        assert isinstance(aborted.value, PeerUnreachable)  # consumers of lost peers handle it
+        assert link.statistics().streams_in == 0
+        await peer.send(DataChunk(stream_id=0, seq=1, body=b"late", end=False))
+        await peer.send(DataAbort(stream_id=9, reason="never_opened"))  # ignored
+        await peer.send(DataChunk(stream_id=10, seq=0, body=b"", end=False))
+        await peer.send(DataAbort(stream_id=10, reason="\x1b[2J" + "x" * 500))
+        hostile = await link.incoming_streams.receive()
+        assert await hostile.receive() == b""
+        with pytest.raises(StreamAborted) as cleaned:
+            await hostile.receive()
+        assert cleaned.value.reason == "[2J" + "x" * 60  # printable, at most 64 characters
+        await wait_for(lambda: link.statistics().duplicates_dropped == 1)
+        assert link.closed is None
+        assert not any(isinstance(f, DataStop) for f in peer.frames())  # nothing to stop
+
+
+async def test_a_sender_can_abort_with_its_own_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair() as (a, b):
+        stream = a.open_stream()
+        await stream.send(b"first")
+        stream.abort("read_failed")
+        assert a.statistics().streams_out == 0
+        receiver = await b.incoming_streams.receive()
+        assert await receiver.receive() == b"first"
+        with pytest.raises(StreamAborted, match="read_failed"):
+            await receiver.receive()
+        stream.abort("again")  # does nothing once aborted
+        with pytest.raises(StreamStopped):
+            await stream.send(b"after the abort")
+
+
+# ---- binary data frames from a hostile peer ----------------------------------------------------
+
+
+def _data_frame(kind: int, flags: int, stream_id: int, seq: int, body: bytes = b"x") -> bytes:
+    return DATA_HEADER.pack(kind, flags, stream_id, seq) + body
+
+
+@pytest.mark.parametrize(
+    ("message", "reason", "code"),
+    [
+        (b"\x00", LinkCloseReason.MALFORMED_FRAME, 4100),  # the kind byte alone
+        (b"\x00" * (DATA_HEADER_SIZE - 1), LinkCloseReason.MALFORMED_FRAME, 4100),  # short
+        (_data_frame(0, 0x02, 0, 0), LinkCloseReason.MALFORMED_FRAME, 4100),  # unknown flag
+        (_data_frame(0, 0x81, 0, 0), LinkCloseReason.MALFORMED_FRAME, 4100),
+        # the CBOR form of a chunk (protocol 3): not a link frame any more
+        (
+            cbor2.dumps({"t": "DataChunk", "stream_id": 0, "seq": 0, "body": b"x", "end": False}),
+            LinkCloseReason.MALFORMED_FRAME,
+            4100,
+        ),
+        (_data_frame(0, 0, 0, 1), LinkCloseReason.DATA_GAP, 4103),  # a stream not from seq 0
+        (
+            _data_frame(0, 0, 0, 0, b"y" * CONFIG.max_frame_size),  # over the frame limit
+            LinkCloseReason.FRAME_TOO_LARGE,
+            4101,
+        ),
+        (
+            cbor2.dumps({"t": "DataAbort", "stream_id": 0}),  # no reason
+            LinkCloseReason.MALFORMED_FRAME,
+            4100,
+        ),
+    ],
+)
+async def test_a_bad_binary_frame_closes_the_link_with_its_reason(
+    autojump_clock: trio.testing.MockClock, message: bytes, reason: LinkCloseReason, code: int
+) -> None:
+    async with raw_peer_and_link() as (peer, link):
+        if len(message) > CONFIG.max_frame_size:  # the raw side's own limit would refuse it
+            peer.transport._limit = len(message)
+        await peer.transport.send_message(message)
+        closed = await link.wait_closed()
+        assert closed.reason is reason
+        assert (await peer.wait_closed()).code == code
+
+
+async def test_an_empty_body_and_the_largest_body_are_fine(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    biggest = b"z" * (CONFIG.max_frame_size - DATA_HEADER_SIZE)
+    async with raw_peer_and_link() as (peer, link):
+        await peer.transport.send_message(_data_frame(0, 0, 0, 0, b""))
+        await peer.transport.send_message(_data_frame(0, DATA_FLAG_END, 0, 1, biggest))
+        receiver = await link.incoming_streams.receive()
+        assert await collect(receiver) == [b"", biggest]
+        assert link.closed is None
