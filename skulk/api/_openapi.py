@@ -377,7 +377,7 @@ def _cluster_paths() -> dict[str, dict[str, object]]:
         "name": "Idempotency-Key",
         "in": "header",
         "required": False,
-        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
         "description": "A retry with the same key answers as the first did and changes nothing "
         "(kept in the replicated State, the last 1024 keys); a key used for another request "
         "is a 422 key_reused.",
@@ -417,7 +417,7 @@ def _cluster_paths() -> dict[str, dict[str, object]]:
                 "/v1/instances/{instance_id}",
                 "Delete an instance: its runners stop.",
                 {200: _json(shape({"deleted": STR}))},
-                (404, 409, *control),
+                (400, 404, 409, 422, *control),  # 400: a bad key; 422: key_reused
                 parameters=[*instance_id, key],
             ),
         },
