@@ -1,0 +1,123 @@
+"""Fault schedules as data: a seed, the cluster's shape and a list of timed fault events.
+
+A schedule is drawn from a seed (:func:`generate`): the same seed, node count and length give
+the same schedule, byte for byte, so a failing run is replayed from its file
+(:func:`Schedule.to_json`, ``python -m skulk.chaos replay FILE``). Faults are sequential: one
+node at a time is faulted, so a 3-node cluster keeps its Raft quorum and every fault has a
+moment where it *heals* (the killed node is restarted, the stopped node continued). The first
+:data:`WARMUP_S` seconds and the last :data:`HEAL_TAIL_S` seconds are fault-free: load runs
+against a healthy cluster before, and the checkers watch it settle after.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Literal
+
+import attrs
+
+FaultKind = Literal["kill", "pause"]
+KINDS: tuple[FaultKind, ...] = ("kill", "pause")
+#: The schedule file format (a file of another version is refused).
+VERSION = 1
+#: No fault starts in the first this many seconds (the cluster forms, the first instance loads).
+WARMUP_S = 20.0
+#: No fault is active in the last this many seconds of a run.
+HEAL_TAIL_S = 10.0
+#: Seconds between one fault healing and the next starting.
+GAP_S = (4.0, 12.0)
+#: How long a fault lasts: a killed node is restarted, a stopped one continued, after this.
+DURATION_S: dict[FaultKind, tuple[float, float]] = {"kill": (2.0, 10.0), "pause": (1.0, 8.0)}
+
+
+class ScheduleError(ValueError):
+    """A schedule file that is not a schedule (the message names the field)."""
+
+
+@attrs.frozen
+class FaultEvent:
+    """``kind`` on node ``node`` (1-based) at ``at`` seconds into the run, healed
+    ``duration`` seconds later: ``kill`` is SIGKILL then a restart on the same data dir,
+    ``pause`` is SIGSTOP then SIGCONT."""
+
+    at: float
+    kind: FaultKind
+    node: int
+    duration: float
+
+    @property
+    def heals_at(self) -> float:
+        return self.at + self.duration
+
+
+@attrs.frozen
+class Schedule:
+    """One run: ``nodes`` nodes for ``seconds`` seconds, with ``events`` in time order."""
+
+    seed: int
+    nodes: int
+    seconds: float
+    events: tuple[FaultEvent, ...]
+
+    def to_json(self) -> str:
+        doc = {"version": VERSION, **attrs.asdict(self)}
+        return json.dumps(doc, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ScheduleError(f"not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ScheduleError("$: not an object")
+        if doc.get("version") != VERSION:
+            raise ScheduleError(f"$.version: {doc.get('version')!r}, expected {VERSION}")
+        seed, nodes, seconds = doc.get("seed"), doc.get("nodes"), doc.get("seconds")
+        if not isinstance(seed, int):
+            raise ScheduleError("$.seed: not an integer")
+        if not isinstance(nodes, int) or not 1 <= nodes <= 16:
+            raise ScheduleError("$.nodes: not an integer in 1..16")
+        if not isinstance(seconds, int | float) or seconds <= 0:
+            raise ScheduleError("$.seconds: not a positive number")
+        raw = doc.get("events")
+        if not isinstance(raw, list):
+            raise ScheduleError("$.events: not a list")
+        events = []
+        for i, e in enumerate(raw):
+            path = f"$.events[{i}]"
+            if not isinstance(e, dict):
+                raise ScheduleError(f"{path}: not an object")
+            kind, node, at, duration = e.get("kind"), e.get("node"), e.get("at"), e.get("duration")
+            if kind not in KINDS:
+                raise ScheduleError(f"{path}.kind: {kind!r}, expected one of {', '.join(KINDS)}")
+            if not isinstance(node, int) or not 1 <= node <= nodes:
+                raise ScheduleError(f"{path}.node: not a node number in 1..{nodes}")
+            for name, value in (("at", at), ("duration", duration)):
+                if not isinstance(value, int | float) or value < 0:
+                    raise ScheduleError(f"{path}.{name}: not a non-negative number")
+            assert isinstance(at, int | float) and isinstance(duration, int | float)
+            events.append(FaultEvent(float(at), kind, node, float(duration)))
+        return cls(seed, nodes, float(seconds), tuple(sorted(events, key=lambda e: e.at)))
+
+
+def generate(
+    seed: int, nodes: int, seconds: float, *, kinds: tuple[FaultKind, ...] = KINDS
+) -> Schedule:
+    """The schedule of ``seed``: faults one after another from :data:`WARMUP_S` on, each on a
+    node and of a kind drawn from ``random.Random(seed)``, none active in the last
+    :data:`HEAL_TAIL_S` seconds. Pure: same arguments, same schedule."""
+    rng = random.Random(seed)
+    events: list[FaultEvent] = []
+    t = WARMUP_S
+    end = seconds - HEAL_TAIL_S
+    while kinds:
+        kind = rng.choice(kinds)
+        lo, hi = DURATION_S[kind]
+        duration = round(rng.uniform(lo, hi), 2)
+        if t + duration > end:
+            break
+        events.append(FaultEvent(round(t, 2), kind, rng.randint(1, nodes), duration))
+        t += duration + rng.uniform(*GAP_S)
+    return Schedule(seed, nodes, float(seconds), tuple(events))
