@@ -11,7 +11,16 @@ commands, convergence, strays, health). The summary prints as ``rich`` tables; a
 schedule is written out and replays with ``python -m skulk.chaos replay FILE``.
 """
 
-from skulk.chaos._checks import CheckResult, check_all
+from skulk.chaos._checks import (
+    CheckResult,
+    check_all,
+    check_control,
+    check_converged,
+    check_deadlines,
+    check_healthy,
+    check_strays,
+    check_streams,
+)
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._observe import Bounds, Final, NodeFinal
 from skulk.chaos._run import FLAGS, RunResult, execute, request_deadline
@@ -32,6 +41,12 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "check_all",
+    "check_control",
+    "check_converged",
+    "check_deadlines",
+    "check_healthy",
+    "check_strays",
+    "check_streams",
     "execute",
     "generate",
     "print_summary",
