@@ -23,6 +23,7 @@ from skulk.chaos._checks import (
 )
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._observe import Bounds, Final, NodeFinal
+from skulk.chaos._proxy import LinkMode, LinkProxy, Proxies
 from skulk.chaos._run import FLAGS, RunResult, execute, request_deadline
 from skulk.chaos._schedule import FaultEvent, Schedule, ScheduleError, generate
 from skulk.chaos._summary import print_summary, summary_tables
@@ -35,8 +36,11 @@ __all__ = [
     "FaultRecord",
     "Final",
     "History",
+    "LinkMode",
+    "LinkProxy",
     "NodeFinal",
     "Op",
+    "Proxies",
     "RunResult",
     "Schedule",
     "ScheduleError",

@@ -95,7 +95,8 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(self.client_timeout + 30)
+            if t.is_alive():
+                t.join(self.client_timeout + 30)
 
     # -- chat -------------------------------------------------------------------------------
 
