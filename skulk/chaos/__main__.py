@@ -1,4 +1,4 @@
-"""``python -m skulk.chaos run [--nodes N] [--minutes M] [--seed S] [--out FILE]`` and
+"""``python -m skulk.chaos run [--nodes N] [--minutes M] [--seed S] [--links] [--out FILE]`` and
 ``python -m skulk.chaos replay FILE``. Exit status: 0 if every check passed, 1 if one failed
 (the schedule is then written to ``--out``, default ``chaos-SEED.json``), 2 on a usage error."""
 
@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
     run.add_argument("--minutes", type=float, default=2.0, help="length of the run (default 2)")
     run.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
+    run.add_argument(
+        "--links",
+        action="store_true",
+        help="pass every inter-node link through a fault proxy and draw link faults too "
+        "(cut, one-way, delay, bandwidth); runs in a private network namespace (Linux)",
+    )
     replay = sub.add_parser("replay", help="run a schedule file a failing run wrote")
     replay.add_argument("file", type=Path)
     for p in (run, replay):
@@ -43,12 +49,21 @@ def main(argv: list[str] | None = None) -> int:
         if not 1 <= args.nodes <= 16 or args.minutes <= 0:
             parser.error("--nodes must be 1..16 and --minutes positive")
         seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-        schedule = generate(seed, args.nodes, args.minutes * 60)
+        schedule = generate(seed, args.nodes, args.minutes * 60, links=args.links)
     else:
         try:
             schedule = Schedule.from_json(args.file.read_text())
         except (OSError, ScheduleError) as exc:
             parser.error(f"{args.file}: {exc}")
+
+    if schedule.links:
+        from skulk.chaos._netns import NamespaceError, enter_private_network
+
+        try:
+            enter_private_network()
+        except (NamespaceError, OSError) as exc:
+            print(f"chaos: link faults need a private network namespace: {exc}", file=sys.stderr)
+            return 2
 
     from skulk.chaos._run import execute
     from skulk.chaos._summary import print_summary

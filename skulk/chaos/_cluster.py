@@ -7,6 +7,11 @@ ports across restarts, so the other nodes' dialers find a restarted node where i
 one a client asked for. Node 1 founds the cluster; the others ``--join`` every other node (a
 node restarted while node 1 is down still finds the cluster).
 
+With ``links`` every node dials every other through its own :class:`~skulk.chaos._proxy.LinkProxy`
+(its ``--join`` URLs are the proxies) and listens on the wildcard address, which gossip never
+dials: so every link between two nodes passes a proxy the run controls. Only inside a private
+network namespace (:mod:`skulk.chaos._netns`).
+
 :meth:`ChaosNode.kill` SIGKILLs the node process alone — its runners must notice on their own
 (their parent watchdog) — and :meth:`ChaosNode.restart` starts it again on the same data dir.
 :meth:`ChaosNode.pause` SIGSTOPs the node process alone (its runners, in their own process
@@ -23,6 +28,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from skulk.chaos._proxy import Proxies
 from skulk.harness import NodeProcess
 from skulk.repro import runner_children
 
@@ -41,8 +47,11 @@ def free_port() -> int:
 class ChaosNode:
     """One node of the run (``index`` 1-based)."""
 
-    def __init__(self, index: int, home: Path, args: list[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self, index: int, home: Path, args: list[str], env: Mapping[str, str], listen_host: str
+    ) -> None:
         self.index = index
+        self.listen_host = listen_host
         self.home = home
         self.api_port = free_port()
         self.fed_port = free_port()
@@ -79,7 +88,7 @@ class ChaosNode:
     def start(self, join: list[str]) -> None:
         """Start (or restart) the node; returns once it listens (not once it is healthy)."""
         extra = [*self.args, "--port", str(self.api_port), "--listen",
-                 f"127.0.0.1:{self.fed_port}"]  # fmt: skip
+                 f"{self.listen_host}:{self.fed_port}"]  # fmt: skip
         for url in join:
             extra += ["--join", url]
         self.process = NodeProcess(self.home, *extra, env=self.env, keep=LOG_KEPT)
@@ -121,8 +130,13 @@ class ChaosNode:
 class ChaosCluster:
     """The nodes, and every runner pid each one had (node index → pids)."""
 
-    def __init__(self, root: Path, models: Path, count: int, flags: Mapping[str, str]) -> None:
+    def __init__(
+        self, root: Path, models: Path, count: int, flags: Mapping[str, str], *, links: bool = False
+    ) -> None:
         self.root = root
+        self.links = links
+        self.proxies = Proxies()
+        self._proxy_ports: dict[tuple[int, int], int] = {}
         env = {"SKULK_CLUSTER_SECRET": os.urandom(32).hex()}
         args = [a for k, v in flags.items() for a in ("--" + k, v)]
         args += ["--model", "none", "--log-level", "warning"]
@@ -131,7 +145,8 @@ class ChaosCluster:
             home = root / f"node{i}"
             home.mkdir()
             (home / "models").symlink_to(models)
-            self.nodes.append(ChaosNode(i, home, args, env))
+            host = "0.0.0.0" if links else "127.0.0.1"
+            self.nodes.append(ChaosNode(i, home, args, env, host))
         self._runner_pids: dict[int, set[int]] = {n.index: set() for n in self.nodes}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -144,9 +159,16 @@ class ChaosCluster:
         """Whom ``node`` joins: nobody for the founder, every other node otherwise."""
         if node.index == 1:
             return []
+        if self.links:
+            return [f"ws://127.0.0.1:{self._proxy_ports[(node.index, n.index)]}"
+                    for n in self.nodes if n is not node]  # fmt: skip
         return [n.ws_url for n in self.nodes if n is not node]
 
     def start(self) -> None:
+        if self.links:
+            self._proxy_ports = self.proxies.start(
+                {(a.index, b.index): b.fed_port for a in self.nodes for b in self.nodes if a != b}
+            )
         for node in self.nodes:
             node.start(self.join_urls(node))
         self._sampler.start()
@@ -180,3 +202,4 @@ class ChaosCluster:
                 proc.send_signal(signal.SIGTERM)
         for node in self.nodes:
             node.stop()  # waits, SIGKILLs the group if the node does not exit
+        self.proxies.stop()

@@ -26,7 +26,8 @@ from skulk.chaos._cluster import ChaosCluster
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._load import MODEL, Load
 from skulk.chaos._observe import Bounds, Final, kill_orphans, observe
-from skulk.chaos._schedule import FaultEvent, Schedule
+from skulk.chaos._proxy import LinkMode
+from skulk.chaos._schedule import LINK_KINDS, FaultEvent, Schedule
 
 #: Deadlines of the nodes in a chaos run (short, so every fault is noticed within seconds).
 FLAGS = {
@@ -88,6 +89,17 @@ def _apply(
     node = cluster.node(event.node)
     start = time.monotonic()
     problem = ""
+    if event.kind in LINK_KINDS:
+        amount = f" ({event.amount:g})" if event.amount else ""
+        log(f"t+{event.at:6.1f}s  {event.kind}{amount} link {event.node}->{event.peer} "
+            f"for {event.duration:.1f}s")  # fmt: skip
+        mode = LinkMode(event.kind, delay_s=event.amount, bytes_per_s=event.amount or 1.0)  # type: ignore[arg-type]
+        cluster.proxies.set_link(event.node, event.peer, mode)
+        index = history.fault(FaultRecord(event.kind, event.node, start, None))
+        time.sleep(event.duration)
+        cluster.proxies.set_link(event.node, event.peer, LinkMode())
+        history.heal(index, time.monotonic())
+        return
     log(f"t+{event.at:6.1f}s  {event.kind} node {event.node} for {event.duration:.1f}s")
     if event.kind == "kill":
         node.kill()
@@ -114,7 +126,7 @@ def execute(
 
     root = Path(tempfile.mkdtemp(prefix="skulk-chaos-"))
     models = ensure_demo_model(home or root / "shared").parent
-    cluster = ChaosCluster(root, models, schedule.nodes, FLAGS)
+    cluster = ChaosCluster(root, models, schedule.nodes, FLAGS, links=schedule.links)
     history = History()
     deadline = request_deadline(FLAGS)
     watchdog = threading.Timer(schedule.seconds + OVERSTAY_S, _stuck, (cluster,))

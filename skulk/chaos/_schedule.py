@@ -17,8 +17,12 @@ from typing import Literal
 
 import attrs
 
-FaultKind = Literal["kill", "pause"]
+FaultKind = Literal["kill", "pause", "cut", "oneway", "delay", "bandwidth"]
+#: Faults of a node process.
 KINDS: tuple[FaultKind, ...] = ("kill", "pause")
+#: Faults of the link between two nodes (a run with ``links``: every link passes a proxy).
+LINK_KINDS: tuple[FaultKind, ...] = ("cut", "oneway", "delay", "bandwidth")
+ALL_KINDS = KINDS + LINK_KINDS
 #: The schedule file format (a file of another version is refused).
 VERSION = 1
 #: No fault starts in the first this many seconds (the cluster forms, the first instance loads).
@@ -28,7 +32,17 @@ HEAL_TAIL_S = 10.0
 #: Seconds between one fault healing and the next starting.
 GAP_S = (4.0, 12.0)
 #: How long a fault lasts: a killed node is restarted, a stopped one continued, after this.
-DURATION_S: dict[FaultKind, tuple[float, float]] = {"kill": (2.0, 10.0), "pause": (1.0, 8.0)}
+DURATION_S: dict[FaultKind, tuple[float, float]] = {
+    "kill": (2.0, 10.0),
+    "pause": (1.0, 8.0),
+    "cut": (1.0, 10.0),
+    "oneway": (1.0, 10.0),
+    "delay": (2.0, 10.0),
+    "bandwidth": (2.0, 10.0),
+}
+#: A ``delay`` fault holds each chunk this long; a ``bandwidth`` fault passes this many bytes/s.
+DELAY_S = (0.05, 0.5)
+BANDWIDTH = (2e3, 64e3)
 
 
 class ScheduleError(ValueError):
@@ -39,12 +53,16 @@ class ScheduleError(ValueError):
 class FaultEvent:
     """``kind`` on node ``node`` (1-based) at ``at`` seconds into the run, healed
     ``duration`` seconds later: ``kill`` is SIGKILL then a restart on the same data dir,
-    ``pause`` is SIGSTOP then SIGCONT."""
+    ``pause`` is SIGSTOP then SIGCONT. A link fault is between ``node`` and ``peer``
+    (``oneway``: ``node`` → ``peer`` falls silent); ``amount`` is a ``delay`` fault's seconds
+    or a ``bandwidth`` fault's bytes/s."""
 
     at: float
     kind: FaultKind
     node: int
     duration: float
+    peer: int = 0
+    amount: float = 0.0
 
     @property
     def heals_at(self) -> float:
@@ -53,12 +71,14 @@ class FaultEvent:
 
 @attrs.frozen
 class Schedule:
-    """One run: ``nodes`` nodes for ``seconds`` seconds, with ``events`` in time order."""
+    """One run: ``nodes`` nodes for ``seconds`` seconds, with ``events`` in time order;
+    ``links``: every inter-node link passes a fault proxy (needed by link faults)."""
 
     seed: int
     nodes: int
     seconds: float
     events: tuple[FaultEvent, ...]
+    links: bool = False
 
     def to_json(self) -> str:
         doc = {"version": VERSION, **attrs.asdict(self)}
@@ -81,6 +101,9 @@ class Schedule:
             raise ScheduleError("$.nodes: not an integer in 1..16")
         if not isinstance(seconds, int | float) or seconds <= 0:
             raise ScheduleError("$.seconds: not a positive number")
+        links = doc.get("links", False)
+        if not isinstance(links, bool):
+            raise ScheduleError("$.links: not a boolean")
         raw = doc.get("events")
         if not isinstance(raw, list):
             raise ScheduleError("$.events: not a list")
@@ -90,24 +113,42 @@ class Schedule:
             if not isinstance(e, dict):
                 raise ScheduleError(f"{path}: not an object")
             kind, node, at, duration = e.get("kind"), e.get("node"), e.get("at"), e.get("duration")
-            if kind not in KINDS:
-                raise ScheduleError(f"{path}.kind: {kind!r}, expected one of {', '.join(KINDS)}")
+            peer, amount = e.get("peer", 0), e.get("amount", 0.0)
+            kinds = ALL_KINDS if links else KINDS
+            if kind not in kinds:
+                raise ScheduleError(f"{path}.kind: {kind!r}, expected one of {', '.join(kinds)}")
             if not isinstance(node, int) or not 1 <= node <= nodes:
                 raise ScheduleError(f"{path}.node: not a node number in 1..{nodes}")
-            for name, value in (("at", at), ("duration", duration)):
-                if not isinstance(value, int | float) or value < 0:
+            if kind in LINK_KINDS and (
+                not isinstance(peer, int) or not 1 <= peer <= nodes or peer == node
+            ):
+                raise ScheduleError(f"{path}.peer: not another node number in 1..{nodes}")
+            for name, value in (("at", at), ("duration", duration), ("amount", amount)):
+                if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                     raise ScheduleError(f"{path}.{name}: not a non-negative number")
             assert isinstance(at, int | float) and isinstance(duration, int | float)
-            events.append(FaultEvent(float(at), kind, node, float(duration)))
-        return cls(seed, nodes, float(seconds), tuple(sorted(events, key=lambda e: e.at)))
+            assert isinstance(peer, int) and isinstance(amount, int | float)
+            events.append(FaultEvent(float(at), kind, node, float(duration), peer, float(amount)))
+        events.sort(key=lambda e: e.at)
+        return cls(seed, nodes, float(seconds), tuple(events), links)
 
 
 def generate(
-    seed: int, nodes: int, seconds: float, *, kinds: tuple[FaultKind, ...] = KINDS
+    seed: int,
+    nodes: int,
+    seconds: float,
+    *,
+    links: bool = False,
+    kinds: tuple[FaultKind, ...] | None = None,
 ) -> Schedule:
     """The schedule of ``seed``: faults one after another from :data:`WARMUP_S` on, each on a
-    node and of a kind drawn from ``random.Random(seed)``, none active in the last
-    :data:`HEAL_TAIL_S` seconds. Pure: same arguments, same schedule."""
+    node (and a peer, for a link fault) and of a kind drawn from ``random.Random(seed)``, none
+    active in the last :data:`HEAL_TAIL_S` seconds; ``kinds`` defaults to the process faults,
+    and the link faults too with ``links``. Pure: same arguments, same schedule."""
+    if kinds is None:
+        kinds = ALL_KINDS if links else KINDS
+    if not links and set(kinds) & set(LINK_KINDS):
+        raise ValueError("link faults need links=True")
     rng = random.Random(seed)
     events: list[FaultEvent] = []
     t = WARMUP_S
@@ -118,6 +159,16 @@ def generate(
         duration = round(rng.uniform(lo, hi), 2)
         if t + duration > end:
             break
-        events.append(FaultEvent(round(t, 2), kind, rng.randint(1, nodes), duration))
+        node = rng.randint(1, nodes)
+        peer, amount = 0, 0.0
+        if kind in LINK_KINDS:
+            if nodes < 2:
+                break
+            peer = rng.choice([n for n in range(1, nodes + 1) if n != node])
+            if kind == "delay":
+                amount = round(rng.uniform(*DELAY_S), 3)
+            elif kind == "bandwidth":
+                amount = round(rng.uniform(*BANDWIDTH))
+        events.append(FaultEvent(round(t, 2), kind, node, duration, peer, amount))
         t += duration + rng.uniform(*GAP_S)
-    return Schedule(seed, nodes, float(seconds), tuple(events))
+    return Schedule(seed, nodes, float(seconds), tuple(events), links)
