@@ -26,7 +26,7 @@ from skulk.chaos._cluster import ChaosCluster
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._load import MODEL, Load
 from skulk.chaos._observe import Bounds, Final, kill_orphans, observe
-from skulk.chaos._proxy import LinkMode
+from skulk.chaos._proxy import LinkMode, ProxyStatistics
 from skulk.chaos._schedule import LINK_KINDS, FaultEvent, Schedule
 
 #: Deadlines of the nodes in a chaos run (short, so every fault is noticed within seconds).
@@ -76,6 +76,8 @@ class RunResult:
     problem: str = ""
     #: The tail of each node's log, for a failed run.
     logs: dict[int, list[str]] = attrs.field(factory=dict)
+    #: With links: what each link proxy carried, by (dialer, target).
+    links: dict[tuple[int, int], ProxyStatistics] = attrs.field(factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -167,6 +169,7 @@ def execute(
                                      healthy_bound=BOUNDS.healthy))  # fmt: skip
         if problem or not all(c.passed for c in checks):
             logs = {n.index: n.log_tail() for n in cluster.nodes}
+        links = cluster.proxies.statistics() if schedule.links else {}
         cluster.stop()
         if final is not None:
             kill_orphans(final.orphans)
@@ -175,7 +178,7 @@ def execute(
     ops = history.ops()
     span = (max(op.end for op in ops) - min(op.start for op in ops)) if ops else 0.0
     return RunResult(schedule, checks, tuple(ops), tuple(history.faults()), final, span,
-                     deadline, problem, logs)  # fmt: skip
+                     deadline, problem, logs, links)  # fmt: skip
 
 
 def _stuck(cluster: ChaosCluster) -> None:

@@ -1,6 +1,6 @@
 """The summary of a chaos run, as ``rich`` tables: the load held, the faults injected by kind,
-the requests by outcome, and one row per checker (deadline misses, State divergences and
-strays among them)."""
+the requests by outcome, the typed errors, what each link proxy carried (with ``links``), and
+one row per checker (deadline misses, State divergences and strays among them)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,13 @@ def summary_tables(result: RunResult) -> list[Table]:
     for (kind, status, code), n in sorted(counted.items(), key=lambda kv: (-kv[1], str(kv[0]))):
         errors.add_row(kind, str(status or "-"), str(code or "-"), str(n))
 
+    links = Table(title="link proxies (dialer -> target)")
+    for col in ("link", "connections", "refused", "bytes forward", "bytes back"):
+        links.add_column(col, justify="right")
+    for (a, b), st in sorted(result.links.items()):
+        links.add_row(f"{a}->{b}", str(st.connections), str(st.refused),
+                      str(st.bytes_forward), str(st.bytes_back))  # fmt: skip
+
     checks = Table(title="checks")
     checks.add_column("check")
     checks.add_column("result")
@@ -64,7 +71,8 @@ def summary_tables(result: RunResult) -> list[Table]:
     for c in result.checks:
         detail = "\n".join([c.detail, *c.examples])
         checks.add_row(c.name, "PASS" if c.passed else "FAIL", str(c.violations), detail)
-    return [load, faults, outcomes, errors, checks]
+    tables = [load, faults, outcomes, errors]
+    return [*tables, links, checks] if result.links else [*tables, checks]
 
 
 def print_summary(result: RunResult, console: Console | None = None) -> None:

@@ -70,3 +70,37 @@ def _doc(**changes: object) -> str:
 def test_a_bad_schedule_file_is_refused_naming_the_field(text: str, field: str) -> None:
     with pytest.raises(ScheduleError, match=field.replace("$", r"\$").replace("[", r"\[")):
         Schedule.from_json(text)
+
+
+def test_link_faults_name_another_node_and_need_links() -> None:
+    s = generate(5, 3, 600, links=True)
+    link = [e for e in s.events if e.kind in ("cut", "oneway", "delay", "bandwidth")]
+    assert link and s.links
+    assert all(1 <= e.peer <= 3 and e.peer != e.node for e in link)
+    assert all(e.amount > 0 for e in link if e.kind in ("delay", "bandwidth"))
+    assert Schedule.from_json(s.to_json()) == s
+    with pytest.raises(ValueError, match="links"):
+        generate(5, 3, 600, kinds=("cut",))
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({"at": 1, "kind": "cut", "node": 1, "duration": 1, "peer": 1}, r"\$.events\[0\].peer"),
+        ({"at": 1, "kind": "cut", "node": 1, "duration": 1}, r"\$.events\[0\].peer"),
+        ({"at": 1, "kind": "delay", "node": 1, "duration": 1, "peer": 2, "amount": -1},
+         r"\$.events\[0\].amount"),
+    ],
+)  # fmt: skip
+def test_a_bad_link_fault_is_refused_naming_the_field(event: dict[str, object], field: str) -> None:
+    doc = json.loads(Schedule(1, 3, 60.0, (), links=True).to_json())
+    doc["events"] = [event]
+    with pytest.raises(ScheduleError, match=field):
+        Schedule.from_json(json.dumps(doc))
+
+
+def test_a_link_fault_in_a_schedule_without_links_is_refused() -> None:
+    doc = json.loads(Schedule(1, 3, 60.0, ()).to_json())
+    doc["events"] = [{"at": 1, "kind": "cut", "node": 1, "duration": 1, "peer": 2}]
+    with pytest.raises(ScheduleError, match=r"\$.events\[0\].kind"):
+        Schedule.from_json(json.dumps(doc))
