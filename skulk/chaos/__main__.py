@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--minutes", type=float, default=2.0, help="length of the run (default 2)")
     run.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
     run.add_argument(
+        "--overlap",
+        action="store_true",
+        help="let faults overlap (a fault starts every 1-6 s on a node no active fault holds)",
+    )
+    run.add_argument(
         "--links",
         action="store_true",
         help="pass every inter-node link through a fault proxy and draw link faults too "
@@ -49,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if not 1 <= args.nodes <= 16 or args.minutes <= 0:
             parser.error("--nodes must be 1..16 and --minutes positive")
         seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-        schedule = generate(seed, args.nodes, args.minutes * 60, links=args.links)
+        schedule = generate(
+            seed, args.nodes, args.minutes * 60, links=args.links, overlap=args.overlap
+        )
     else:
         try:
             schedule = Schedule.from_json(args.file.read_text())

@@ -151,9 +151,15 @@ def execute(
         else:
             t0 = time.monotonic()
             load.start()
-            for event in schedule.events:
+            injectors = []
+            for event in schedule.events:  # each fault in its own thread: they may overlap
                 time.sleep(max(0.0, t0 + event.at - time.monotonic()))
-                _apply(cluster, event, history, log)
+                injector = threading.Thread(target=_apply, args=(cluster, event, history, log),
+                                            daemon=True)  # fmt: skip
+                injector.start()
+                injectors.append(injector)
+            for injector in injectors:
+                injector.join()
             time.sleep(max(0.0, t0 + schedule.seconds - time.monotonic()))
             log("chaos: load stopping; observing the cluster")
             load.stop()

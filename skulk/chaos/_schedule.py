@@ -2,9 +2,10 @@
 
 A schedule is drawn from a seed (:func:`generate`): the same seed, node count and length give
 the same schedule, byte for byte, so a failing run is replayed from its file
-(:func:`Schedule.to_json`, ``python -m skulk.chaos replay FILE``). Faults are sequential: one
-node at a time is faulted, so a 3-node cluster keeps its Raft quorum and every fault has a
-moment where it *heals* (the killed node is restarted, the stopped node continued). The first
+(:func:`Schedule.to_json`, ``python -m skulk.chaos replay FILE``). Faults are sequential by
+default: one node at a time is faulted, so a 3-node cluster keeps its Raft quorum (with
+``overlap`` they are not, and it may lose it for a while). Every fault has a moment where it
+*heals* (the killed node is restarted, the stopped node continued). The first
 :data:`WARMUP_S` seconds and the last :data:`HEAL_TAIL_S` seconds are fault-free: load runs
 against a healthy cluster before, and the checkers watch it settle after.
 """
@@ -31,6 +32,10 @@ WARMUP_S = 20.0
 HEAL_TAIL_S = 10.0
 #: Seconds between one fault healing and the next starting.
 GAP_S = (4.0, 12.0)
+#: With ``overlap``: a node is faulted again at least this long after its last fault healed.
+HEAL_MARGIN_S = 0.5
+#: With ``overlap``: seconds between one fault starting and the next.
+OVERLAP_GAP_S = (1.0, 6.0)
 #: How long a fault lasts: a killed node is restarted, a stopped one continued, after this.
 DURATION_S: dict[FaultKind, tuple[float, float]] = {
     "kill": (2.0, 10.0),
@@ -140,11 +145,16 @@ def generate(
     *,
     links: bool = False,
     kinds: tuple[FaultKind, ...] | None = None,
+    overlap: bool = False,
 ) -> Schedule:
     """The schedule of ``seed``: faults one after another from :data:`WARMUP_S` on, each on a
-    node (and a peer, for a link fault) and of a kind drawn from ``random.Random(seed)``, none
-    active in the last :data:`HEAL_TAIL_S` seconds; ``kinds`` defaults to the process faults,
-    and the link faults too with ``links``. Pure: same arguments, same schedule."""
+        node (and a peer, for a link fault) and of a kind drawn from ``random.Random(seed)``, none
+        active in the last :data:`HEAL_TAIL_S` seconds; ``kinds`` defaults to the process faults,
+        and the link faults too with ``links``. With ``overlap`` a fault starts every
+        :data:`OVERLAP_GAP_S` seconds whether or not the last one healed, on a node no active
+        fault holds, while at least one node is left unfaulted (so two of three nodes may be down at
+    once: no quorum). Pure: same arguments,
+        same schedule."""
     if kinds is None:
         kinds = ALL_KINDS if links else KINDS
     if not links and set(kinds) & set(LINK_KINDS):
@@ -159,16 +169,31 @@ def generate(
         duration = round(rng.uniform(lo, hi), 2)
         if t + duration > end:
             break
-        node = rng.randint(1, nodes)
         peer, amount = 0, 0.0
+        if kind in LINK_KINDS and nodes < 2:
+            break
+        if overlap:
+            active = [e for e in events if e.at <= t < e.heals_at]
+            free = [
+                n for n in range(1, nodes + 1) if all(n not in (e.node, e.peer) for e in active)
+            ]
+            # A fault holds one node (a link fault two); one node at least stays unfaulted.
+            if len(free) < (3 if kind in LINK_KINDS else 2):
+                if not active:
+                    break
+                t = min(e.heals_at for e in active) + HEAL_MARGIN_S
+                continue
+            node = rng.choice(free)
+            others = [n for n in free if n != node]
+        else:
+            node = rng.randint(1, nodes)
+            others = [n for n in range(1, nodes + 1) if n != node]
         if kind in LINK_KINDS:
-            if nodes < 2:
-                break
-            peer = rng.choice([n for n in range(1, nodes + 1) if n != node])
+            peer = rng.choice(others)
             if kind == "delay":
                 amount = round(rng.uniform(*DELAY_S), 3)
             elif kind == "bandwidth":
                 amount = round(rng.uniform(*BANDWIDTH))
         events.append(FaultEvent(round(t, 2), kind, node, duration, peer, amount))
-        t += duration + rng.uniform(*GAP_S)
+        t += rng.uniform(*OVERLAP_GAP_S) if overlap else duration + rng.uniform(*GAP_S)
     return Schedule(seed, nodes, float(seconds), tuple(events), links)

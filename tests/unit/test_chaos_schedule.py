@@ -104,3 +104,17 @@ def test_a_link_fault_in_a_schedule_without_links_is_refused() -> None:
     doc["events"] = [{"at": 1, "kind": "cut", "node": 1, "duration": 1, "peer": 2}]
     with pytest.raises(ScheduleError, match=r"\$.events\[0\].kind"):
         Schedule.from_json(json.dumps(doc))
+
+
+def test_overlapping_faults_never_share_a_node_and_leave_one_node_alone() -> None:
+    overlapped = 0
+    for seed in range(30):
+        s = generate(seed, 3, 300, links=seed % 2 == 0, overlap=True)
+        for e in s.events:
+            active = [o for o in s.events if o.at <= e.at < o.heals_at]
+            held = [n for o in active for n in (o.node, o.peer) if n]
+            assert len(held) == len(set(held)), (seed, e)
+            assert len(active) <= 2 and len(held) <= 2, (seed, e)
+            overlapped += len(active) > 1
+        assert s.events[-1].heals_at <= 300 - HEAL_TAIL_S
+    assert overlapped > 0
