@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         help="let faults overlap (a fault starts every 1-6 s on a node no active fault holds)",
     )
     run.add_argument(
+        "--leader",
+        action="store_true",
+        help="half the process faults hit whichever node leads when they fire",
+    )
+    run.add_argument(
         "--links",
         action="store_true",
         help="pass every inter-node link through a fault proxy and draw link faults too "
@@ -53,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if not 1 <= args.nodes <= 16 or args.minutes <= 0:
             parser.error("--nodes must be 1..16 and --minutes positive")
+        if args.leader and args.overlap:
+            parser.error("--leader faults are sequential: not with --overlap")
         seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
         schedule = generate(
             seed, args.nodes, args.minutes * 60, links=args.links, overlap=args.overlap

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+import httpx
+
 from skulk.chaos._proxy import Proxies
 from skulk.harness import NodeProcess
 from skulk.repro import runner_children
@@ -61,7 +63,14 @@ class ChaosNode:
         self.paused = False
         self.killed = False
         self.starts = 0
-        self.node_id = ""
+        self._node_id = ""
+
+    @property
+    def node_id(self) -> str:
+        """The node's id, once its output said it (a restart keeps it: same data dir)."""
+        if self.process is not None and self.process.node_id:
+            self._node_id = self.process.node_id
+        return self._node_id
 
     @property
     def url(self) -> str:
@@ -93,7 +102,6 @@ class ChaosNode:
             extra += ["--join", url]
         self.process = NodeProcess(self.home, *extra, env=self.env, keep=LOG_KEPT)
         self.process.start(wait_ready=False)
-        self.node_id = self.process.node_id or self.node_id
         self.killed = False
         self.paused = False
         self.starts += 1
@@ -175,6 +183,20 @@ class ChaosCluster:
 
     def restart(self, node: ChaosNode) -> None:
         node.start(self.join_urls(node))
+
+    def leader(self) -> int | None:
+        """The index of the node that the first answering node's Raft names leader."""
+        for node in self.nodes:
+            if not node.serving:
+                continue
+            try:
+                leader = httpx.get(node.url + "/v1/cluster/raft", timeout=3.0).json().get("leader")
+            except (httpx.HTTPError, ValueError, AttributeError):
+                continue
+            found = next((n.index for n in self.nodes if n.node_id and n.node_id == leader), None)
+            if found is not None:
+                return found
+        return None
 
     def _sample(self) -> None:
         while not self._stop.wait(SAMPLE_INTERVAL):

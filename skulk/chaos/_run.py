@@ -88,7 +88,6 @@ def _apply(
     cluster: ChaosCluster, event: FaultEvent, history: History, log: Callable[[str], None]
 ) -> None:
     """Inject ``event``, wait its duration, heal it; recorded in ``history``."""
-    node = cluster.node(event.node)
     start = time.monotonic()
     problem = ""
     if event.kind in LINK_KINDS:
@@ -96,18 +95,25 @@ def _apply(
         log(f"t+{event.at:6.1f}s  {event.kind}{amount} link {event.node}->{event.peer} "
             f"for {event.duration:.1f}s")  # fmt: skip
         mode = LinkMode(event.kind, delay_s=event.amount, bytes_per_s=event.amount or 1.0)  # type: ignore[arg-type]
-        cluster.proxies.set_link(event.node, event.peer, mode)
+        cluster.proxies.set_link(event.node, event.peer, mode)  # a link fault names both
         index = history.fault(FaultRecord(event.kind, event.node, start, None))
         time.sleep(event.duration)
         cluster.proxies.set_link(event.node, event.peer, LinkMode())
         history.heal(index, time.monotonic())
         return
-    log(f"t+{event.at:6.1f}s  {event.kind} node {event.node} for {event.duration:.1f}s")
+    target = event.node or cluster.leader()
+    if target is None:
+        log(f"t+{event.at:6.1f}s  {event.kind} the leader: no node names one; skipped")
+        history.fault(FaultRecord(event.kind, 0, start, start, "no leader to fault"))
+        return
+    node = cluster.node(target)
+    who = f"node {target}" + ("" if event.node else " (the leader)")
+    log(f"t+{event.at:6.1f}s  {event.kind} {who} for {event.duration:.1f}s")
     if event.kind == "kill":
         node.kill()
     else:
         node.pause()
-    index = history.fault(FaultRecord(event.kind, event.node, start, None))
+    index = history.fault(FaultRecord(event.kind, target, start, None))
     time.sleep(event.duration)
     try:
         if event.kind == "kill":

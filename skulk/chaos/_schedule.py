@@ -60,7 +60,8 @@ class FaultEvent:
     ``duration`` seconds later: ``kill`` is SIGKILL then a restart on the same data dir,
     ``pause`` is SIGSTOP then SIGCONT. A link fault is between ``node`` and ``peer``
     (``oneway``: ``node`` → ``peer`` falls silent); ``amount`` is a ``delay`` fault's seconds
-    or a ``bandwidth`` fault's bytes/s."""
+    or a ``bandwidth`` fault's bytes/s. ``node`` 0 in a process fault means the node that
+    leads the cluster when the fault fires."""
 
     at: float
     kind: FaultKind
@@ -122,8 +123,9 @@ class Schedule:
             kinds = ALL_KINDS if links else KINDS
             if kind not in kinds:
                 raise ScheduleError(f"{path}.kind: {kind!r}, expected one of {', '.join(kinds)}")
-            if not isinstance(node, int) or not 1 <= node <= nodes:
-                raise ScheduleError(f"{path}.node: not a node number in 1..{nodes}")
+            lowest = 0 if kind in KINDS else 1  # 0: the leader, for a process fault
+            if not isinstance(node, int) or not lowest <= node <= nodes:
+                raise ScheduleError(f"{path}.node: not a node number in {lowest}..{nodes}")
             if kind in LINK_KINDS and (
                 not isinstance(peer, int) or not 1 <= peer <= nodes or peer == node
             ):
@@ -146,19 +148,24 @@ def generate(
     links: bool = False,
     kinds: tuple[FaultKind, ...] | None = None,
     overlap: bool = False,
+    leader: bool = False,
 ) -> Schedule:
     """The schedule of ``seed``: faults one after another from :data:`WARMUP_S` on, each on a
-        node (and a peer, for a link fault) and of a kind drawn from ``random.Random(seed)``, none
-        active in the last :data:`HEAL_TAIL_S` seconds; ``kinds`` defaults to the process faults,
-        and the link faults too with ``links``. With ``overlap`` a fault starts every
-        :data:`OVERLAP_GAP_S` seconds whether or not the last one healed, on a node no active
-        fault holds, while at least one node is left unfaulted (so two of three nodes may be down at
-    once: no quorum). Pure: same arguments,
-        same schedule."""
+    node (and a peer, for a link fault) and of a kind drawn from ``random.Random(seed)``, none
+    active in the last :data:`HEAL_TAIL_S` seconds; ``kinds`` defaults to the process faults,
+    and the link faults too with ``links``.
+
+    With ``overlap`` a fault starts every :data:`OVERLAP_GAP_S` seconds whether or not the
+    last one healed, on a node no active fault holds, while at least one node is left
+    unfaulted (so two of three nodes may be down at once: no quorum). With ``leader`` half the
+    process faults hit whichever node leads when they fire (``node`` 0; not with ``overlap``).
+    Pure: same arguments, same schedule."""
     if kinds is None:
         kinds = ALL_KINDS if links else KINDS
     if not links and set(kinds) & set(LINK_KINDS):
         raise ValueError("link faults need links=True")
+    if leader and overlap:
+        raise ValueError("leader faults are sequential: not with overlap=True")
     rng = random.Random(seed)
     events: list[FaultEvent] = []
     t = WARMUP_S
@@ -188,6 +195,8 @@ def generate(
         else:
             node = rng.randint(1, nodes)
             others = [n for n in range(1, nodes + 1) if n != node]
+        if leader and kind in KINDS and rng.random() < 0.5:
+            node = 0
         if kind in LINK_KINDS:
             peer = rng.choice(others)
             if kind == "delay":

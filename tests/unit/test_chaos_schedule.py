@@ -118,3 +118,16 @@ def test_overlapping_faults_never_share_a_node_and_leave_one_node_alone() -> Non
             overlapped += len(active) > 1
         assert s.events[-1].heals_at <= 300 - HEAL_TAIL_S
     assert overlapped > 0
+
+
+def test_leader_faults_are_node_zero_process_faults_and_round_trip() -> None:
+    s = generate(12, 3, 600, links=True, leader=True)
+    leaders = [e for e in s.events if e.node == 0]
+    assert leaders and all(e.kind in ("kill", "pause") for e in leaders)
+    assert Schedule.from_json(s.to_json()) == s
+    with pytest.raises(ValueError, match="overlap"):
+        generate(12, 3, 600, leader=True, overlap=True)
+    doc = json.loads(s.to_json())
+    doc["events"] = [{"at": 1, "kind": "cut", "node": 0, "duration": 1, "peer": 2}]
+    with pytest.raises(ScheduleError, match=r"\$.events\[0\].node"):
+        Schedule.from_json(json.dumps(doc))
