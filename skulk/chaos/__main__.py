@@ -12,7 +12,9 @@ from pathlib import Path
 from skulk.chaos._schedule import Schedule, ScheduleError, generate
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
+    """The schedule the command line asks for, and the parsed arguments (``SystemExit`` 2 with
+    the reason on a usage error or a bad schedule file)."""
     parser = argparse.ArgumentParser(
         prog="python -m skulk.chaos",
         description="Drive a real cluster through seeded faults under load, then check it.",
@@ -62,14 +64,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--leader faults are sequential: not with --overlap")
         seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
         schedule = generate(
-            seed, args.nodes, args.minutes * 60, links=args.links, overlap=args.overlap
+            seed,
+            args.nodes,
+            args.minutes * 60,
+            links=args.links,
+            overlap=args.overlap,
+            leader=args.leader,
         )
     else:
         try:
             schedule = Schedule.from_json(args.file.read_text())
         except (OSError, ScheduleError) as exc:
             parser.error(f"{args.file}: {exc}")
+    return schedule, args
 
+
+def main(argv: list[str] | None = None) -> int:
+    schedule, args = parse(argv)
     if schedule.links:
         from skulk.chaos._netns import NamespaceError, enter_private_network
 
