@@ -77,16 +77,18 @@ class Load:
         with self._rng_lock:
             return f(self._rng)
 
-    def place_first(self, budget: float) -> Op | None:
-        """Place the first instance, retrying until acknowledged or ``budget`` is spent."""
+    def place_first(self, budget: float) -> bool:
+        """Place the first instance, retrying until acknowledged or ``budget`` is spent; every
+        attempt goes into the history (a 503 may have committed). Whether one was
+        acknowledged."""
         end = time.monotonic() + budget
-        last = None
         while time.monotonic() < end:
-            last = self.place()
-            if last.outcome == "ok":
-                return last
+            op = self.place()
+            self.history.add(op)
+            if op.outcome == "ok":
+                return True
             time.sleep(1.0)
-        return last
+        return False
 
     def start(self) -> None:
         for t in self._threads:
