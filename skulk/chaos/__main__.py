@@ -9,7 +9,6 @@ import secrets
 import sys
 from pathlib import Path
 
-from skulk.chaos._run import BREAKS
 from skulk.chaos._schedule import Schedule, ScheduleError, generate
 
 
@@ -44,13 +43,6 @@ def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
     replay = sub.add_parser("replay", help="run a schedule file a failing run wrote")
     replay.add_argument("file", type=Path)
     for p in (run, replay):
-        p.add_argument(
-            "--break",
-            dest="breakage",
-            choices=sorted(BREAKS),
-            default=None,
-            help="start the nodes deliberately broken (a negative control: the run should fail)",
-        )
         p.add_argument(
             "--out",
             type=Path,
@@ -102,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from skulk.chaos._summary import print_summary
 
     print(f"chaos: seed {schedule.seed}", flush=True)
-    result = execute(
-        schedule, home=args.home, log=lambda s: print(s, flush=True), breakage=args.breakage
-    )
+    result = execute(schedule, home=args.home, log=lambda s: print(s, flush=True))
     print_summary(result)
     if not result.passed:
         out = args.out or Path(f"chaos-{schedule.seed}.json")

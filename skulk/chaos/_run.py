@@ -42,17 +42,6 @@ FLAGS = {
     "warmup-timeout": "60",
     "stream-interval": "0",
 }
-#: Deliberate breakages (negative controls, ``--break NAME``): flags that make the cluster
-#: wrong on purpose, so a run the checkers pass proves nothing until these fail.
-BREAKS: dict[str, dict[str, str]] = {
-    # A silent serving node then holds the requests routed to it for as long as it is silent
-    # (and it is not committed down soon, so new requests keep being routed to it).
-    "silence-deadlines": {
-        "link-liveness-timeout": "0",
-        "route-idle-timeout": "0",
-        "node-down-after": "600",
-    },
-}
 #: What a (16-token, demo model) completion may take on a loaded 2-core machine beyond the
 #: fault deadlines, and how long a node may take to start and load on one.
 GENERATION_ALLOWANCE_S = 30.0
@@ -137,23 +126,17 @@ def _apply(
 
 
 def execute(
-    schedule: Schedule,
-    *,
-    home: Path | None = None,
-    log: Callable[[str], None] = print,
-    breakage: str | None = None,
+    schedule: Schedule, *, home: Path | None = None, log: Callable[[str], None] = print
 ) -> RunResult:
     """Run ``schedule`` against a fresh cluster of ``schedule.nodes`` nodes; ``home`` is a data
-    dir whose ``models/`` (the demo model) is shared (default: a temporary one); ``breakage``
-    names one of :data:`BREAKS` (the run should then fail)."""
-    flags = {**FLAGS, **(BREAKS[breakage] if breakage else {})}
+    dir whose ``models/`` (the demo model) is shared (default: a temporary one)."""
     from skulk.models import ensure_demo_model
 
     root = Path(tempfile.mkdtemp(prefix="skulk-chaos-"))
     models = ensure_demo_model(home or root / "shared").parent
-    cluster = ChaosCluster(root, models, schedule.nodes, flags, links=schedule.links)
+    cluster = ChaosCluster(root, models, schedule.nodes, FLAGS, links=schedule.links)
     history = History()
-    deadline = request_deadline(flags)
+    deadline = request_deadline(FLAGS)
     watchdog = threading.Timer(schedule.seconds + OVERSTAY_S, _stuck, (cluster,))
     watchdog.daemon = True
     watchdog.start()

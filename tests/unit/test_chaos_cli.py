@@ -55,19 +55,3 @@ def test_a_bad_schedule_file_exits_2_naming_the_field(
         parse(["replay", str(path)])
     assert exc.value.code == 2
     assert "$.events[0]" in capsys.readouterr().err
-
-
-def test_the_negative_control_schedule_parses_with_its_breakage() -> None:
-    path = Path(__file__).parents[2] / "specs" / "chaos" / "silent-serving-node.json"
-    schedule, args = parse(["replay", str(path), "--break", "silence-deadlines"])
-    assert args.breakage == "silence-deadlines"
-    # Every node is silent for longer than the run's request deadline while another answers.
-    assert {e.node for e in schedule.events} == {1, 2, 3}
-    assert all(e.kind == "pause" and e.duration > 43 for e in schedule.events)
-
-
-def test_an_unknown_breakage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        parse(["run", "--break", "nothing"])
-    assert exc.value.code == 2
-    assert "--break" in capsys.readouterr().err
