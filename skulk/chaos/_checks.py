@@ -6,9 +6,9 @@
   (SIGSTOP) while it waited: a stopped API node answers nothing, which no deadline of the
   cluster's can cover. A client timeout (a hang), a stream with neither finish nor error, and
   a refused connection to a node that was running all fail it.
-* **streams** — every successful completion of a prompt (greedy: ``temperature`` 0) has the
-  same text, and every failed one delivered a prefix of it: no duplicated, reordered, lost or
-  foreign token, through any node, before or after any fault.
+* **streams** — every successful completion of a prompt (greedy: ``temperature`` 0) to the
+  same ``max_tokens`` has the same text, and every failed one delivered a prefix of it: no
+  duplicated, reordered, lost or foreign token, through any node, before or after any fault.
 * **control** — every deletion the API acknowledged is absent from the final State, and the
   number of instances in it is what the acknowledged commands make it: between
   ``placed - deleted - unknown deletions`` and ``placed + unknown placements - deleted``,
@@ -90,18 +90,21 @@ def check_deadlines(ops: list[Op], faults: list[FaultRecord], deadline: float) -
 def check_streams(ops: list[Op]) -> CheckResult:
     texts = [op for op in ops if op.kind in ("chat", "stream")]
     bad: list[str] = []
-    references: dict[int, str] = {}
-    for prompt in sorted({op.prompt for op in texts}):
-        done = Counter(op.text for op in texts if op.prompt == prompt and op.outcome == "ok")
+    references: dict[tuple[int, int], str] = {}
+    for key in sorted({(op.prompt, op.max_tokens) for op in texts}):
+        done = Counter(
+            op.text for op in texts if (op.prompt, op.max_tokens) == key and op.outcome == "ok"
+        )
         if not done:
             continue
         reference, _ = done.most_common(1)[0]
-        references[prompt] = reference
+        references[key] = reference
         for text, n in done.items():
             if text != reference:
-                bad.append(f"prompt {prompt}: {n} answer(s) {text!r}, most {reference!r}")
+                bad.append(f"prompt {key[0]} ({key[1]} tokens): {n} answer(s) {text!r}, "
+                           f"most {reference!r}")  # fmt: skip
     for op in texts:
-        ref = references.get(op.prompt)
+        ref = references.get((op.prompt, op.max_tokens))
         if op.outcome != "ok" and ref is not None and not ref.startswith(op.text):
             bad.append(f"prompt {op.prompt}: {_describe(op)} delivered {op.text!r}, not a "
                        f"prefix of {ref!r}")  # fmt: skip

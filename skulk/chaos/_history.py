@@ -37,9 +37,11 @@ class Op:
     #: The error's ``code`` (or the exception's class name when there was no response).
     code: str | None = None
     detail: str = ""
-    #: chat/stream: the prompt's index and the text received (partial if it failed).
+    #: chat/stream: the prompt's index, the tokens asked for, and the text received (partial if
+    #: it failed).
     prompt: int = 0
     text: str = ""
+    max_tokens: int = 0
     #: place: the instance id the API acknowledged; delete: the instance asked for.
     instance: str | None = None
 

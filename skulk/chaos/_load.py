@@ -3,7 +3,9 @@ placements and deletions through the HTTP API, each through a randomly chosen no
 
 Chat workers loop until stopped: a greedy (``temperature`` 0) completion of one of
 :data:`PROMPTS`, streamed or plain by a coin flip, through any node, including one that is
-down or stopped right now (the client sees what a user would). The control worker keeps the
+down or stopped right now (the client sees what a user would). One more worker streams
+:data:`LONG_TOKENS` tokens at a time, so faults catch streams in flight. The control worker
+keeps the
 cluster between one and :data:`MAX_INSTANCES` instances of the demo model: it places one
 when a node's ``/v1/instances`` lists fewer, deletes a random listed one otherwise (and
 sometimes anyway). Nothing here
@@ -27,6 +29,8 @@ from skulk.chaos._history import History, Op
 MODEL = "skulk-demo"
 PROMPTS = ("Tell me about foxes.", "Where do badgers live?", "Sing of the river.")
 MAX_TOKENS = 16
+#: The long streams: in flight for a while, so faults catch them mid-stream.
+LONG_TOKENS = 256
 MAX_INSTANCES = 2
 CONNECT_TIMEOUT = 5.0
 #: Seconds between a worker's requests, and between control commands.
@@ -53,6 +57,7 @@ class Load:
         *,
         seed: int,
         chat_workers: int,
+        long_workers: int = 1,
         client_timeout: float,
     ) -> None:
         self.history = history
@@ -64,6 +69,10 @@ class Load:
         self._threads = [
             threading.Thread(target=self._chat_loop, name=f"chaos-chat-{i}", daemon=True)
             for i in range(chat_workers)
+        ]
+        self._threads += [
+            threading.Thread(target=self._long_loop, name=f"chaos-long-{i}", daemon=True)
+            for i in range(long_workers)
         ]
         self._threads.append(threading.Thread(target=self._control_loop, daemon=True))
 
@@ -110,7 +119,16 @@ class Load:
             self.history.add(self.chat(node, url, prompt, stream=stream))
             self._stop.wait(self._draw(lambda r: r.uniform(*CHAT_PAUSE)))
 
-    def chat(self, node: int, url: str, prompt: int, *, stream: bool) -> Op:
+    def _long_loop(self) -> None:
+        while not self._stop.is_set():
+            node, url = self._pick()
+            prompt = int(self._draw(lambda r: r.randrange(len(PROMPTS))))
+            self.history.add(self.chat(node, url, prompt, stream=True, max_tokens=LONG_TOKENS))
+            self._stop.wait(self._draw(lambda r: r.uniform(*CHAT_PAUSE)))
+
+    def chat(
+        self, node: int, url: str, prompt: int, *, stream: bool, max_tokens: int = MAX_TOKENS
+    ) -> Op:
         """One completion of ``PROMPTS[prompt]`` through ``url``, as an op."""
         client = openai.OpenAI(
             base_url=url + "/v1",
@@ -127,18 +145,18 @@ class Load:
 
         def op(outcome: str, **kw: object) -> Op:
             return Op(kind, node, start, time.monotonic(), outcome, prompt=prompt,  # type: ignore[arg-type]
-                      text="".join(text), **kw)  # type: ignore[arg-type]  # fmt: skip
+                      text="".join(text), max_tokens=max_tokens, **kw)  # type: ignore[arg-type]  # fmt: skip
 
         try:
             if not stream:
                 reply = client.chat.completions.create(
-                    model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+                    model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0
                 )
                 text.append(reply.choices[0].message.content or "")
                 return op("ok", status=200)
             finished = None
             with client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
+                model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
             ) as chunks:
                 for chunk in chunks:
                     for choice in chunk.choices:

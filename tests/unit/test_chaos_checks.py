@@ -3,6 +3,8 @@ violation it exists for."""
 
 from __future__ import annotations
 
+import attrs
+
 from skulk.chaos import (
     FaultRecord,
     Final,
@@ -104,3 +106,13 @@ def test_divergence_strays_orphans_and_sick_nodes_fail() -> None:
     assert check_strays(final(node(1, runners=0, assigned=1))).passed
     assert not check_healthy(final(node(1, healthy_after=None)), 60).passed
     assert not check_healthy(final(node(1, running=False)), 60).passed
+
+
+def test_answers_are_compared_per_length_asked_for() -> None:
+    short = chat(0, 1, text="the fox")
+    long = attrs.evolve(chat(0, 1, text="the fox ran far"), max_tokens=256)
+    assert check_streams([short, long]).passed
+    cut = attrs.evolve(chat(0, 1, "error", text="the fox ran"), max_tokens=256)
+    assert check_streams([short, long, cut]).passed
+    other = attrs.evolve(chat(0, 1, text="the fox sat"), max_tokens=256)
+    assert not check_streams([short, long, long, other]).passed
