@@ -17,6 +17,7 @@ passed.
 class has its own (``list`` names them).
 """
 
+from skulk.repro._recorder import is_runner, runner_children
 from skulk.repro._run import format_report, result_json, run_scenario
 from skulk.repro._scenario import Break, Check, Result, Scenario
 from skulk.repro._scenarios import BREAKS, SCENARIOS, find_break, find_scenario
@@ -31,6 +32,8 @@ __all__ = [
     "find_break",
     "find_scenario",
     "format_report",
+    "is_runner",
     "result_json",
     "run_scenario",
+    "runner_children",
 ]

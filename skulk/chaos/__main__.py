@@ -1,0 +1,108 @@
+"""``python -m skulk.chaos run [--nodes N] [--minutes M] [--seed S] [--links] [--out FILE]`` and
+``python -m skulk.chaos replay FILE``. Exit status: 0 if every check passed, 1 if one failed
+(the schedule is then written to ``--out``, default ``chaos-SEED.json``), 2 on a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from pathlib import Path
+
+from skulk.chaos._schedule import Schedule, ScheduleError, generate
+
+
+def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
+    """The schedule the command line asks for, and the parsed arguments (``SystemExit`` 2 with
+    the reason on a usage error or a bad schedule file)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m skulk.chaos",
+        description="Drive a real cluster through seeded faults under load, then check it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="draw a schedule from a seed and run it")
+    run.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
+    run.add_argument("--minutes", type=float, default=2.0, help="length of the run (default 2)")
+    run.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
+    run.add_argument(
+        "--overlap",
+        action="store_true",
+        help="let faults overlap (a fault starts every 1-6 s on a node no active fault holds)",
+    )
+    run.add_argument(
+        "--leader",
+        action="store_true",
+        help="half the process faults hit whichever node leads when they fire",
+    )
+    run.add_argument(
+        "--links",
+        action="store_true",
+        help="pass every inter-node link through a fault proxy and draw link faults too "
+        "(cut, one-way, delay, bandwidth); runs in a private network namespace (Linux)",
+    )
+    replay = sub.add_parser("replay", help="run a schedule file a failing run wrote")
+    replay.add_argument("file", type=Path)
+    for p in (run, replay):
+        p.add_argument(
+            "--out",
+            type=Path,
+            default=None,
+            help="where a failing schedule is written (default chaos-SEED.json)",
+        )
+        p.add_argument(
+            "--home",
+            type=Path,
+            default=None,
+            help="data dir whose models/ holds the demo model (default: temporary)",
+        )
+    args = parser.parse_args(argv)
+
+    if args.command == "run":
+        if not 1 <= args.nodes <= 16 or args.minutes <= 0:
+            parser.error("--nodes must be 1..16 and --minutes positive")
+        if args.leader and args.overlap:
+            parser.error("--leader faults are sequential: not with --overlap")
+        seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+        schedule = generate(
+            seed,
+            args.nodes,
+            args.minutes * 60,
+            links=args.links,
+            overlap=args.overlap,
+            leader=args.leader,
+        )
+    else:
+        try:
+            schedule = Schedule.from_json(args.file.read_text())
+        except (OSError, ScheduleError) as exc:
+            parser.error(f"{args.file}: {exc}")
+    return schedule, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    schedule, args = parse(argv)
+    if schedule.links:
+        from skulk.chaos._netns import NamespaceError, enter_private_network
+
+        try:
+            enter_private_network()
+        except (NamespaceError, OSError) as exc:
+            print(f"chaos: link faults need a private network namespace: {exc}", file=sys.stderr)
+            return 2
+
+    from skulk.chaos._run import execute
+    from skulk.chaos._summary import print_summary
+
+    print(f"chaos: seed {schedule.seed}", flush=True)
+    result = execute(schedule, home=args.home, log=lambda s: print(s, flush=True))
+    print_summary(result)
+    if not result.passed:
+        out = args.out or Path(f"chaos-{schedule.seed}.json")
+        out.write_text(schedule.to_json())
+        print(f"chaos: schedule written to {out}; replay: python -m skulk.chaos replay {out}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

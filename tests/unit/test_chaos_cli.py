@@ -1,0 +1,57 @@
+"""``python -m skulk.chaos``'s command line: each flag reaches the schedule, a replay reads the
+file a failing run wrote, and usage errors and bad files exit 2 naming the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skulk.chaos import generate
+from skulk.chaos.__main__ import parse
+
+
+def test_run_flags_reach_the_schedule() -> None:
+    schedule, _ = parse(["run", "--nodes", "3", "--minutes", "10", "--seed", "3", "--leader"])
+    assert schedule == generate(3, 3, 600, leader=True)
+    assert any(e.node == 0 for e in schedule.events)
+    schedule, _ = parse(["run", "--minutes", "5", "--seed", "7", "--links", "--overlap"])
+    assert schedule == generate(7, 3, 300, links=True, overlap=True) and schedule.links
+    schedule, _ = parse(["run", "--minutes", "1"])  # a random seed, printed by main
+    assert schedule.seconds == 60
+
+
+def test_replay_reads_a_schedule_file(tmp_path: Path) -> None:
+    path = tmp_path / "chaos-5.json"
+    path.write_text(generate(5, 3, 120, links=True).to_json())
+    schedule, _ = parse(["replay", str(path)])
+    assert schedule == generate(5, 3, 120, links=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["run", "--nodes", "0"], "--nodes"),
+        (["run", "--minutes", "0"], "--minutes"),
+        (["run", "--leader", "--overlap"], "--overlap"),
+        (["replay", "/nonexistent/chaos.json"], "No such file"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_problem(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_bad_schedule_file_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"version": 1, "seed": 1, "nodes": 3, "seconds": 60, "events": [7]}')
+    with pytest.raises(SystemExit) as exc:
+        parse(["replay", str(path)])
+    assert exc.value.code == 2
+    assert "$.events[0]" in capsys.readouterr().err
