@@ -33,7 +33,8 @@ COPY_TEXT = (
     "In spring the water runs high and brown; in summer it slows and clears; in autumn the "
     "leaves gather in the bends; in winter the edges freeze and the mill wheel stops."
 )
-_WORDS = (
+#: Plain words (about one token each with the demo tokenizer) prompts are made of.
+WORDS = (
     "the cluster node model token stream fox river machine memory cache request answer "
     "question story water mill stone season light night morning winter summer engine queue "
     "batch prompt history turn window agent tool result careful quick slow bright quiet "
@@ -129,7 +130,7 @@ def _conversation(seed: int, chars: int) -> list[dict[str, str]]:
     def text(n: int) -> str:
         words: list[str] = []
         while sum(len(w) + 1 for w in words) < n:
-            words.append(rng.choice(_WORDS))
+            words.append(rng.choice(WORDS))
         return " ".join(words).capitalize() + "."
 
     messages = [{"role": "system", "content": f"Conversation {seed}. " + text(chars // 8)}]

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from skulk.bench._load_modes import WORDS
+
 
 @attrs.frozen
 class Shape:
@@ -86,12 +88,6 @@ class Outcome:
         return (self.end - self.chunks[0]) / (self.tokens - 1)
 
 
-_WORDS = (
-    "the cluster node model token stream fox river machine memory cache request answer "
-    "question story water mill stone season light night morning winter summer engine queue "
-    "batch prompt history turn window agent tool result careful quick slow bright quiet "
-    "build run wait send read write learn find keep share move hold open close"
-).split()
 
 
 def _lognormal(rng: random.Random, median: int, sigma: float, low: int, high: int) -> int:
@@ -106,7 +102,7 @@ def workload(seed: int, count: int, shape: Shape = SHAREGPT) -> list[Request]:
         words = _lognormal(
             rng, shape.prompt_median, shape.prompt_sigma, shape.prompt_low, shape.prompt_high
         )
-        text = " ".join(rng.choice(_WORDS) for _ in range(words))
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
         tokens = _lognormal(
             rng, shape.output_median, shape.output_sigma, shape.output_low, shape.output_high
         )
