@@ -121,7 +121,7 @@ def _apply(
         else:
             node.resume()
     except AssertionError as exc:  # the restart never listened
-        problem = str(exc)[-500:]
+        problem = str(exc)[-2000:]
     history.heal(index, time.monotonic(), problem)
 
 

@@ -81,6 +81,9 @@ def print_summary(result: RunResult, console: Console | None = None) -> None:
         console.print(table)
     if result.problem:
         console.print(f"[bold red]run failed:[/] {result.problem}")
+    for fault in (f for f in result.faults if f.problem):  # e.g. a restart that never listened
+        console.print(f"--- {fault.kind} of node {fault.node}: problem ---", markup=False)
+        console.print(fault.problem, markup=False, highlight=False)
     for index, lines in result.logs.items():
         console.print(f"--- node {index} log tail ---", markup=False)
         console.print("\n".join(lines[-15:]), markup=False, highlight=False)
