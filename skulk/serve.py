@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -41,6 +40,7 @@ from skulk.api import (
     routing_families,
     transfer_families,
 )
+from skulk.clock import wall
 from skulk.cluster import ClusterMachine, State
 from skulk.config import ServeConfig
 from skulk.consensus import SUBMIT_METHOD, ConsensusService
@@ -216,7 +216,7 @@ async def serve(
                 reconciler.assignments(), reconciler.services, trio.current_time()
             ),
             models_dir=config.home / "models",
-            fetch_failures=fetches.failures(now=time.time()),
+            fetch_failures=fetches.failures(now=wall()),
             transfers=transfers.snapshot(),
             store=duties.store_reading(),
         )

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import AsyncGenerator, Mapping
 from importlib import resources
 from typing import Any
@@ -33,6 +32,7 @@ from quart_trio import QuartTrio
 
 from skulk.api._errors import ApiError
 from skulk.api._sse import sse_event
+from skulk.clock import wall
 
 log = logging.getLogger("skulk.api")
 
@@ -143,7 +143,7 @@ class Feed:
             for name, target in sources.items():
                 nursery.start_soon(self._read, name, target)
         return {
-            "at": time.time(),
+            "at": wall(),
             "node_id": self.node_id,
             **{name: self.parts.get(name) for name in (*SOURCES, TIMELINE[0])},
             "errors": dict(self.errors),

@@ -19,6 +19,7 @@ from skulk.api._error_formats import ollama_envelope
 from skulk.api._errors import ApiError
 from skulk.api._ollama_tools import ToolsRenderer
 from skulk.api._request import Event
+from skulk.clock import wall
 from skulk.wire.cluster import ModelCard
 from skulk.wire.runner import GenerationEnd
 
@@ -30,7 +31,7 @@ Kind = Literal["chat", "generate"]
 
 def timestamp(ns: int | None = None) -> str:
     """An RFC 3339 UTC time as Ollama writes it (``2026-11-24T22:45:01.123456Z``)."""
-    seconds = (time.time_ns() if ns is None else ns) / 1e9
+    seconds = wall() if ns is None else ns / 1e9
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

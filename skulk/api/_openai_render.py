@@ -6,7 +6,6 @@ chunks and objects of :mod:`skulk.api._openai_format`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Literal
 
@@ -29,6 +28,7 @@ from skulk.api._openai_format import (
     whole_object,
 )
 from skulk.api._request import Event
+from skulk.clock import wall
 from skulk.wire.runner import GenerationEnd, Usage
 
 _DONE = Event("[DONE]")
@@ -58,7 +58,7 @@ class OpenAIFormat:
         return OpenAIChoicesRenderer(self._stream(model))
 
     def _stream(self, model: str) -> ChatStream | CompletionStream:
-        created = int(time.time())
+        created = int(wall())
         if self.kind == "chat":
             chat_id = new_request_id(CHAT_ID_PREFIX)
             return ChatStream(chat_id, created, model, self.include_usage, self.logprobs)

@@ -12,7 +12,6 @@ sends no tools to the model at all.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -38,6 +37,7 @@ from skulk.api._tool_calls import (
     checked_object,
     objects,
 )
+from skulk.clock import wall
 from skulk.wire.runner import GenerationEnd, ToolCall
 
 _DONE = Event("[DONE]")
@@ -140,7 +140,7 @@ class ToolsFormat:
         return "messages"
 
     def renderer(self, model: str) -> ToolsRenderer:
-        created = int(time.time())
+        created = int(wall())
         return ToolsRenderer(new_request_id(CHAT_ID_PREFIX), created, model, self.include_usage)
 
 

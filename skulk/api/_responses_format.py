@@ -17,7 +17,6 @@ A failure after the stream started sends ``error`` (code, message, param) then
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Mapping
 
 import attrs
@@ -25,6 +24,7 @@ import attrs
 from skulk.api._errors import ApiError
 from skulk.api._openai_logprobs import chat_logprobs
 from skulk.api._request import Event
+from skulk.clock import wall
 from skulk.wire.runner import GenerationEnd
 from skulk.worker import join_scored
 
@@ -53,7 +53,7 @@ class ResponsesFormat:
         return "input"
 
     def renderer(self, model: str) -> ResponsesRenderer:
-        return ResponsesRenderer(self, model, _new_id("resp"), _new_id("msg"), time.time())
+        return ResponsesRenderer(self, model, _new_id("resp"), _new_id("msg"), wall())
 
 
 def _usage(end: GenerationEnd) -> dict[str, object]:
@@ -102,7 +102,7 @@ class ResponsesRenderer:
             "object": "response",
             "created_at": self.created_at,
             "status": status,
-            "completed_at": time.time() if status in ("completed", "incomplete") else None,
+            "completed_at": wall() if status in ("completed", "incomplete") else None,
             "background": False,
             "error": None
             if error is None

@@ -1,4 +1,5 @@
-"""``python -m skulk.chaos run [--nodes N] [--minutes M] [--seed S] [--links] [--out FILE]`` and
+"""``python -m skulk.chaos run [--nodes N] [--minutes M] [--seed S] [--links] [--clock] [--disks]
+[--out FILE]`` and
 ``python -m skulk.chaos replay FILE``. Exit status: 0 if every check passed, 1 if one failed
 (the schedule is then written to ``--out``, default ``chaos-SEED.json``), 2 on a usage error."""
 
@@ -40,6 +41,17 @@ def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
         help="pass every inter-node link through a fault proxy and draw link faults too "
         "(cut, one-way, delay, bandwidth); runs in a private network namespace (Linux)",
     )
+    run.add_argument(
+        "--clock",
+        action="store_true",
+        help="draw clock faults too: a node's wall clock jumps up to an hour forward or back",
+    )
+    run.add_argument(
+        "--disks",
+        action="store_true",
+        help="give each node a small data dir of its own and draw disk faults too (it fills "
+        "up); runs in a private mount namespace (Linux)",
+    )
     replay = sub.add_parser("replay", help="run a schedule file a failing run wrote")
     replay.add_argument("file", type=Path)
     for p in (run, replay):
@@ -68,6 +80,8 @@ def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
             args.nodes,
             args.minutes * 60,
             links=args.links,
+            clock=args.clock,
+            disks=args.disks,
             overlap=args.overlap,
             leader=args.leader,
         )
@@ -81,13 +95,13 @@ def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
 
 def main(argv: list[str] | None = None) -> int:
     schedule, args = parse(argv)
-    if schedule.links:
-        from skulk.chaos._netns import NamespaceError, enter_private_network
+    if schedule.links or schedule.disks:
+        from skulk.chaos._namespace import NamespaceError, enter_private_namespaces
 
         try:
-            enter_private_network()
+            enter_private_namespaces(network=schedule.links, mounts=schedule.disks)
         except (NamespaceError, OSError) as exc:
-            print(f"chaos: link faults need a private network namespace: {exc}", file=sys.stderr)
+            print(f"chaos: link and disk faults need private namespaces: {exc}", file=sys.stderr)
             return 2
 
     from skulk.chaos._run import execute

@@ -10,7 +10,7 @@ node restarted while node 1 is down still finds the cluster).
 With ``links`` every node dials every other through its own :class:`~skulk.chaos._proxy.LinkProxy`
 (its ``--join`` URLs are the proxies) and listens on the wildcard address, which gossip never
 dials: so every link between two nodes passes a proxy the run controls. Only inside a private
-network namespace (:mod:`skulk.chaos._netns`).
+network namespace (:mod:`skulk.chaos._namespace`).
 
 :meth:`ChaosNode.kill` SIGKILLs the node process alone — its runners must notice on their own
 (their parent watchdog) — and :meth:`ChaosNode.restart` starts it again on the same data dir.
@@ -30,6 +30,9 @@ from pathlib import Path
 
 import httpx
 
+from skulk.chaos._clock import clock_env
+from skulk.chaos._disk import NODE_DISK_BYTES
+from skulk.chaos._namespace import mount_small_fs, unmount
 from skulk.chaos._proxy import Proxies
 from skulk.harness import NodeProcess
 from skulk.repro import runner_children
@@ -139,10 +142,19 @@ class ChaosCluster:
     """The nodes, and every runner pid each one had (node index → pids)."""
 
     def __init__(
-        self, root: Path, models: Path, count: int, flags: Mapping[str, str], *, links: bool = False
+        self,
+        root: Path,
+        models: Path,
+        count: int,
+        flags: Mapping[str, str],
+        *,
+        links: bool = False,
+        clock: bool = False,
+        disks: bool = False,
     ) -> None:
         self.root = root
         self.links = links
+        self.disks = disks
         self.proxies = Proxies()
         self._proxy_ports: dict[tuple[int, int], int] = {}
         env = {"SKULK_CLUSTER_SECRET": os.urandom(32).hex()}
@@ -152,9 +164,12 @@ class ChaosCluster:
         for i in range(1, count + 1):
             home = root / f"node{i}"
             home.mkdir()
+            if disks:  # a filesystem of its own, that a disk fault fills
+                mount_small_fs(home, NODE_DISK_BYTES)
             (home / "models").symlink_to(models)
             host = "0.0.0.0" if links else "127.0.0.1"
-            self.nodes.append(ChaosNode(i, home, args, env, host))
+            node_env = clock_env(home, env) if clock else env
+            self.nodes.append(ChaosNode(i, home, args, node_env, host))
         self._runner_pids: dict[int, set[int]] = {n.index: set() for n in self.nodes}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -224,4 +239,6 @@ class ChaosCluster:
                 proc.send_signal(signal.SIGTERM)
         for node in self.nodes:
             node.stop()  # waits, SIGKILLs the group if the node does not exit
+            if self.disks:
+                unmount(node.home)
         self.proxies.stop()

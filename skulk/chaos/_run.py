@@ -22,12 +22,14 @@ from pathlib import Path
 import attrs
 
 from skulk.chaos._checks import CheckResult, check_all
-from skulk.chaos._cluster import ChaosCluster
+from skulk.chaos._clock import set_offset
+from skulk.chaos._cluster import ChaosCluster, ChaosNode
+from skulk.chaos._disk import fill, free
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._load import MODEL, Load
 from skulk.chaos._observe import Bounds, Final, kill_orphans, observe
 from skulk.chaos._proxy import LinkMode, ProxyStatistics
-from skulk.chaos._schedule import LINK_KINDS, FaultEvent, Schedule
+from skulk.chaos._schedule import CLOCK_KINDS, DISK_KINDS, LINK_KINDS, FaultEvent, Schedule
 
 #: Deadlines of the nodes in a chaos run (short, so every fault is noticed within seconds).
 FLAGS = {
@@ -101,6 +103,9 @@ def _apply(
         cluster.proxies.set_link(event.node, event.peer, LinkMode())
         history.heal(index, time.monotonic())
         return
+    if event.kind in CLOCK_KINDS + DISK_KINDS:
+        _apply_to_home(cluster.node(event.node), event, history, log)
+        return
     target = event.node or cluster.leader()
     if target is None:
         log(f"t+{event.at:6.1f}s  {event.kind} the leader: no node names one; skipped")
@@ -125,6 +130,27 @@ def _apply(
     history.heal(index, time.monotonic(), problem)
 
 
+def _apply_to_home(
+    node: ChaosNode, event: FaultEvent, history: History, log: Callable[[str], None]
+) -> None:
+    """A clock or disk fault: it acts on the node's data dir, the process runs on."""
+    start = time.monotonic()
+    if event.kind == "clock":
+        log(f"t+{event.at:6.1f}s  clock of node {node.index} jumps {event.amount:+g}s "
+            f"for {event.duration:.1f}s")  # fmt: skip
+        set_offset(node.home, event.amount)
+    else:
+        log(f"t+{event.at:6.1f}s  disk of node {node.index} full for {event.duration:.1f}s")
+        fill(node.home)
+    index = history.fault(FaultRecord(event.kind, node.index, start, None))
+    time.sleep(event.duration)
+    if event.kind == "clock":
+        set_offset(node.home, 0.0)
+    else:
+        free(node.home)
+    history.heal(index, time.monotonic())
+
+
 def execute(
     schedule: Schedule, *, home: Path | None = None, log: Callable[[str], None] = print
 ) -> RunResult:
@@ -134,7 +160,8 @@ def execute(
 
     root = Path(tempfile.mkdtemp(prefix="skulk-chaos-"))
     models = ensure_demo_model(home or root / "shared").parent
-    cluster = ChaosCluster(root, models, schedule.nodes, FLAGS, links=schedule.links)
+    cluster = ChaosCluster(root, models, schedule.nodes, FLAGS, links=schedule.links,
+                           clock=schedule.clock, disks=schedule.disks)  # fmt: skip
     history = History()
     deadline = request_deadline(FLAGS)
     watchdog = threading.Timer(schedule.seconds + OVERSTAY_S, _stuck, (cluster,))

@@ -18,12 +18,16 @@ from typing import Literal
 
 import attrs
 
-FaultKind = Literal["kill", "pause", "cut", "oneway", "delay", "bandwidth"]
+FaultKind = Literal["kill", "pause", "cut", "oneway", "delay", "bandwidth", "clock", "disk"]
 #: Faults of a node process.
 KINDS: tuple[FaultKind, ...] = ("kill", "pause")
 #: Faults of the link between two nodes (a run with ``links``: every link passes a proxy).
 LINK_KINDS: tuple[FaultKind, ...] = ("cut", "oneway", "delay", "bandwidth")
-ALL_KINDS = KINDS + LINK_KINDS
+#: A node's wall clock jumps by ``amount`` seconds (a run with ``clock``).
+CLOCK_KINDS: tuple[FaultKind, ...] = ("clock",)
+#: A node's data dir fills up (a run with ``disks``: each data dir is a small filesystem).
+DISK_KINDS: tuple[FaultKind, ...] = ("disk",)
+ALL_KINDS = KINDS + LINK_KINDS + CLOCK_KINDS + DISK_KINDS
 #: The schedule file format (a file of another version is refused).
 VERSION = 1
 #: No fault starts in the first this many seconds (the cluster forms, the first instance loads).
@@ -44,10 +48,14 @@ DURATION_S: dict[FaultKind, tuple[float, float]] = {
     "oneway": (1.0, 10.0),
     "delay": (2.0, 10.0),
     "bandwidth": (2.0, 10.0),
+    "clock": (5.0, 30.0),
+    "disk": (3.0, 15.0),
 }
 #: A ``delay`` fault holds each chunk this long; a ``bandwidth`` fault passes this many bytes/s.
 DELAY_S = (0.05, 0.5)
 BANDWIDTH = (2e3, 64e3)
+#: A ``clock`` fault jumps this many seconds, forward or back.
+CLOCK_JUMP_S = (30, 3600)
 
 
 class ScheduleError(ValueError):
@@ -60,7 +68,9 @@ class FaultEvent:
     ``duration`` seconds later: ``kill`` is SIGKILL then a restart on the same data dir,
     ``pause`` is SIGSTOP then SIGCONT. A link fault is between ``node`` and ``peer``
     (``oneway``: ``node`` → ``peer`` falls silent); ``amount`` is a ``delay`` fault's seconds
-    or a ``bandwidth`` fault's bytes/s. ``node`` 0 in a process fault means the node that
+    or a ``bandwidth`` fault's bytes/s, or a ``clock`` fault's jump in seconds (negative: back;
+    healing jumps the clock back to the machine's). ``disk`` fills the node's data dir until
+    healed. ``node`` 0 in a process fault means the node that
     leads the cluster when the fault fires."""
 
     at: float
@@ -78,13 +88,21 @@ class FaultEvent:
 @attrs.frozen
 class Schedule:
     """One run: ``nodes`` nodes for ``seconds`` seconds, with ``events`` in time order;
-    ``links``: every inter-node link passes a fault proxy (needed by link faults)."""
+    ``links``: every inter-node link passes a fault proxy (needed by link faults); ``clock``:
+    every node's wall clock can be moved (needed by clock faults); ``disks``: every node's
+    data dir is a small filesystem of its own (needed by disk faults)."""
 
     seed: int
     nodes: int
     seconds: float
     events: tuple[FaultEvent, ...]
     links: bool = False
+    clock: bool = False
+    disks: bool = False
+
+    def kinds(self) -> tuple[FaultKind, ...]:
+        """The fault kinds this run can inject."""
+        return allowed_kinds(links=self.links, clock=self.clock, disks=self.disks)
 
     def to_json(self) -> str:
         doc = {"version": VERSION, **attrs.asdict(self)}
@@ -107,9 +125,11 @@ class Schedule:
             raise ScheduleError("$.nodes: not an integer in 1..16")
         if not isinstance(seconds, int | float) or seconds <= 0:
             raise ScheduleError("$.seconds: not a positive number")
-        links = doc.get("links", False)
-        if not isinstance(links, bool):
-            raise ScheduleError("$.links: not a boolean")
+        flags = {name: doc.get(name, False) for name in ("links", "clock", "disks")}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise ScheduleError(f"$.{name}: not a boolean")
+        kinds = allowed_kinds(**flags)
         raw = doc.get("events")
         if not isinstance(raw, list):
             raise ScheduleError("$.events: not a list")
@@ -120,7 +140,6 @@ class Schedule:
                 raise ScheduleError(f"{path}: not an object")
             kind, node, at, duration = e.get("kind"), e.get("node"), e.get("at"), e.get("duration")
             peer, amount = e.get("peer", 0), e.get("amount", 0.0)
-            kinds = ALL_KINDS if links else KINDS
             if kind not in kinds:
                 raise ScheduleError(f"{path}.kind: {kind!r}, expected one of {', '.join(kinds)}")
             lowest = 0 if kind in KINDS else 1  # 0: the leader, for a process fault
@@ -131,13 +150,28 @@ class Schedule:
             ):
                 raise ScheduleError(f"{path}.peer: not another node number in 1..{nodes}")
             for name, value in (("at", at), ("duration", duration), ("amount", amount)):
-                if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                signed = name == "amount" and kind in CLOCK_KINDS  # a jump back is negative
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    raise ScheduleError(f"{path}.{name}: not a number")
+                if value < 0 and not signed:
                     raise ScheduleError(f"{path}.{name}: not a non-negative number")
             assert isinstance(at, int | float) and isinstance(duration, int | float)
             assert isinstance(peer, int) and isinstance(amount, int | float)
             events.append(FaultEvent(float(at), kind, node, float(duration), peer, float(amount)))
         events.sort(key=lambda e: e.at)
-        return cls(seed, nodes, float(seconds), tuple(events), links)
+        return cls(seed, nodes, float(seconds), tuple(events), **flags)
+
+
+def allowed_kinds(
+    *, links: bool, clock: bool = False, disks: bool = False
+) -> tuple[FaultKind, ...]:
+    """The fault kinds a run with these flags can inject: process faults always."""
+    return (
+        KINDS
+        + (LINK_KINDS if links else ())
+        + (CLOCK_KINDS if clock else ())
+        + (DISK_KINDS if disks else ())
+    )
 
 
 def generate(
@@ -146,6 +180,8 @@ def generate(
     seconds: float,
     *,
     links: bool = False,
+    clock: bool = False,
+    disks: bool = False,
     kinds: tuple[FaultKind, ...] | None = None,
     overlap: bool = False,
     leader: bool = False,
@@ -153,17 +189,19 @@ def generate(
     """The schedule of ``seed``: faults one after another from :data:`WARMUP_S` on, each on a
     node (and a peer, for a link fault) and of a kind drawn from ``random.Random(seed)``, none
     active in the last :data:`HEAL_TAIL_S` seconds; ``kinds`` defaults to the process faults,
-    and the link faults too with ``links``.
+    and the link, clock and disk faults too with ``links``, ``clock`` and ``disks``.
 
     With ``overlap`` a fault starts every :data:`OVERLAP_GAP_S` seconds whether or not the
     last one healed, on a node no active fault holds, while at least one node is left
     unfaulted (so two of three nodes may be down at once: no quorum). With ``leader`` half the
     process faults hit whichever node leads when they fire (``node`` 0; not with ``overlap``).
     Pure: same arguments, same schedule."""
+    allowed = allowed_kinds(links=links, clock=clock, disks=disks)
     if kinds is None:
-        kinds = ALL_KINDS if links else KINDS
-    if not links and set(kinds) & set(LINK_KINDS):
-        raise ValueError("link faults need links=True")
+        kinds = allowed
+    for kind in set(kinds) - set(allowed):
+        flag = "links" if kind in LINK_KINDS else "clock" if kind in CLOCK_KINDS else "disks"
+        raise ValueError(f"{kind} faults need {flag}=True")
     if leader and overlap:
         raise ValueError("leader faults are sequential: not with overlap=True")
     rng = random.Random(seed)
@@ -203,6 +241,8 @@ def generate(
                 amount = round(rng.uniform(*DELAY_S), 3)
             elif kind == "bandwidth":
                 amount = round(rng.uniform(*BANDWIDTH))
+        elif kind == "clock":
+            amount = float(rng.choice((-1, 1)) * rng.randint(*CLOCK_JUMP_S))
         events.append(FaultEvent(round(t, 2), kind, node, duration, peer, amount))
         t += rng.uniform(*OVERLAP_GAP_S) if overlap else duration + rng.uniform(*GAP_S)
-    return Schedule(seed, nodes, float(seconds), tuple(events), links)
+    return Schedule(seed, nodes, float(seconds), tuple(events), links, clock, disks)

@@ -44,6 +44,7 @@ from skulk.cli._tables import (
     text,
 )
 from skulk.cli._wait import follow, poll_instance
+from skulk.clock import wall
 
 #: How many candidates an ambiguous ``rm`` prefix lists before "...".
 MAX_CANDIDATES_SHOWN = 8
@@ -114,7 +115,7 @@ class _Env:
     environ: Mapping[str, str]
     clock: Callable[[], float]
     sleep: Callable[[float], None]
-    wall: Callable[[], float] = time.time
+    wall: Callable[[], float] = wall
 
 
 def place_body(args: argparse.Namespace) -> dict[str, object]:

@@ -112,6 +112,9 @@ class LeaderView:
     """The model families tensor sharding works for (``None``: not checked)."""
     store_room: Mapping[str, int] = attrs.field(factory=dict)
     """Room per node in its model store, from telemetry (for Hub downloads)."""
+    failed_for_ms: Mapping[str, int] = attrs.field(factory=dict)
+    """Per instance with a failed runner: for how long the leader has seen one (its own
+    monotonic clock, from when it first saw it while leading)."""
 
 
 def next_commands(
@@ -182,17 +185,21 @@ def _unservable(state: State, instance: Instance) -> bool:
     )
 
 
-def _awaiting_culprit(state: State, instance: Instance, down: Collection[str], now_ms: int) -> bool:
+def _awaiting_culprit(
+    state: State, instance: Instance, down: Collection[str], view: LeaderView
+) -> bool:
     """Whether the only failures of distributed ``instance`` so far are victims' (a peer
-    stalled or died), its nodes are all up, and the first of them is younger than
+    stalled or died), its nodes are all up, and the leader has seen them for less than
     :data:`CULPRIT_WAIT_MS`: the rank that caused them usually reports its own failure a
-    moment later, and re-placing before it does would blame no one."""
+    moment later, and re-placing before it does would blame no one. The wait runs on the
+    leader's monotonic clock (``view.failed_for_ms``), never on the committed ``changed_at``
+    stamps: those come from the wall clocks of whichever leaders wrote them."""
     if any(s.node in down for s in instance.shards):
         return False
     failed = [r for r in state.runners if r.instance == instance.id and r.phase == "failed"]
     if not failed or any(r.failure not in VICTIM_FAILURES for r in failed):
         return False
-    return now_ms - min(r.changed_at for r in failed) < CULPRIT_WAIT_MS
+    return view.failed_for_ms.get(instance.id, 0) < CULPRIT_WAIT_MS
 
 
 def _replace(
@@ -221,7 +228,7 @@ def _replace(
     else:
         strikes = view.strikes.get(instance.model, {})
         down = {n.id for n in state.nodes if n.id not in usable}
-        if _awaiting_culprit(state, instance, down, now_ms):
+        if _awaiting_culprit(state, instance, down, view):
             return []  # only victims have spoken: give the culprit's own report a moment
         if _unservable(state, instance):  # the model cannot be split so: no node is to blame
             return (

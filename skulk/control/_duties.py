@@ -62,6 +62,7 @@ class LeaderDuties:
         self.avoid: dict[str, frozenset[str]] = {}
         self.strikes: dict[str, dict[str, int]] = {}
         self._last_reachable: dict[str, float] = {}
+        self._failed_since: dict[str, float] = {}  # instance id → when first seen failed
         self._led_term: int | None = None
         self.membership = MembershipReconciler(sight, consensus)
 
@@ -76,6 +77,7 @@ class LeaderDuties:
             if self._led_term != stats.term:  # a new leader gives every node a fresh grace
                 self._led_term = stats.term
                 self._last_reachable.clear()
+                self._failed_since.clear()
                 self.avoid.clear()
                 self.strikes.clear()
                 self.membership.reset()
@@ -140,6 +142,8 @@ class LeaderDuties:
             if known.id not in reachable_ids:
                 since = self._last_reachable.setdefault(known.id, now)
                 unreachable[known.id] = int((now - since) * 1000)
+        failing = {r.instance for r in state.runners if r.phase == "failed"}
+        self._failed_since = {i: self._failed_since.get(i, now) for i in failing}
         return LeaderView(
             reachable,
             unreachable,
@@ -149,6 +153,7 @@ class LeaderDuties:
             {model: dict(counts) for model, counts in self.strikes.items()},
             families,
             store_room(readings),
+            {i: int((now - since) * 1000) for i, since in self._failed_since.items()},
         )
 
     def _remember_failures(self, state: State, move: PlaceInstance, down: set[str]) -> None:

@@ -5,9 +5,9 @@ it, and each node's free memory and compute ports from telemetry. Read by the le
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 
+from skulk.clock import wall
 from skulk.cluster import State, held_bytes, usable_compute_ports
 from skulk.consensus import RaftDriver
 from skulk.federation import Mesh, PeerState
@@ -18,7 +18,7 @@ log = logging.getLogger("skulk.control")
 
 def now_ms() -> int:
     """The leader's clock for committed timestamps (ms since the Unix epoch)."""
-    return int(time.time() * 1000)
+    return int(wall() * 1000)
 
 
 class LeaderSight:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
+from skulk.clock import wall
 from skulk.wire.runner import CollectiveEntry, CollectiveTimeout, CollectiveTrace, FromRunner
 
 #: Exit code of a rank whose collective outlived its deadline (after ``CollectiveTimeout``).
@@ -86,7 +87,7 @@ class CollectiveWatchdog:
         :class:`Note` it gets may say what the operation carried. A guard inside another
         (rank 0's messages inside a turn of its loop) is covered by the outer one's deadline;
         it leaves its own entry in the trace."""
-        start_wall, start = time.time(), time.monotonic()
+        start_wall, start = wall(), time.monotonic()
         note = Note()
         outer = self._active is not None  # nested: the enclosing deadline covers it
         if not outer:

@@ -8,6 +8,8 @@ from collections import deque
 
 import attrs
 
+from skulk.clock import wall
+
 DEFAULT_CAPACITY = 256
 
 log = logging.getLogger("skulk.runner")
@@ -43,7 +45,7 @@ class FlightRecorder:
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._events: deque[FlightEvent] = deque(maxlen=capacity)
         self._start = time.monotonic()
-        self._start_wall = time.time()
+        self._start_wall = wall()
         self.dropped = 0
 
     def record(
@@ -59,7 +61,7 @@ class FlightRecorder:
         if len(self._events) == self._events.maxlen:
             self.dropped += 1
         if at is None:
-            at, since = time.time(), time.monotonic() - self._start
+            at, since = wall(), time.monotonic() - self._start
         else:
             since = at - self._start_wall
         self._events.append(FlightEvent(at, since, kind, detail, request_id))

@@ -16,12 +16,12 @@ import re
 import secrets
 import shutil
 import threading
-import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import attrs
 
+from skulk.clock import wall
 from skulk.models import (
     ManifestInvalid,
     decode_manifest,
@@ -75,7 +75,7 @@ class ModelStore:
         *,
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         disk_free: Callable[[], int] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall,
     ) -> None:
         if budget_bytes is not None and budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, not {budget_bytes}")

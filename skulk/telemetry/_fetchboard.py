@@ -11,22 +11,22 @@ shows ``bytes_done`` / ``bytes_total`` for a runner in phase ``fetching``::
 
 It also keeps the recent failed fetches for node health (``fetch_failed``)::
 
-    board.failed(instance, rank, model, reason, message, at=time.time())
+    board.failed(instance, rank, model, reason, message, at=wall())
     board.fetched(model)                     # a fetch of model succeeded: its failures clear
-    board.failures(now=time.time())          # the newest MAX_FETCH_FAILURES, none too old
+    board.failures(now=wall())          # the newest MAX_FETCH_FAILURES, none too old
 
 :meth:`FetchBoard.follow` does all of it around one fetch.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import attrs
 
+from skulk.clock import wall
 from skulk.wire.telemetry import (
     MAX_FAILURE_MESSAGE,
     MAX_FETCH_FAILURES,
@@ -97,7 +97,7 @@ class FetchBoard:
         except Exception as exc:
             reason = getattr(exc, "reason", None)
             why = reason if isinstance(reason, str) and reason else "fetch_failed"
-            self.failed(instance, rank, model, why, str(exc), at=time.time())
+            self.failed(instance, rank, model, why, str(exc), at=wall())
             raise
         finally:
             self.clear(instance, rank)

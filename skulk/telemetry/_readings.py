@@ -19,10 +19,10 @@ import platform
 import shutil
 import socket
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from skulk.clock import wall
 from skulk.wire.telemetry import (
     MAX_FETCH_FAILURES,
     MAX_FETCHES,
@@ -87,7 +87,7 @@ def sample_readings(
         load_1m=_load_1m(),
         listen_addresses=tuple(listen_addresses),
         api_address=api_address,
-        sampled_at=time.time() if sampled_at is None else sampled_at,
+        sampled_at=wall() if sampled_at is None else sampled_at,
         compute=compute,
         fetches=tuple(fetches)[:MAX_FETCHES],
         serving=tuple(serving)[:MAX_SERVING],

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import attrs
 
+from skulk.clock import wall
 from skulk.wire.telemetry import MAX_TRANSFERS, ModelTransfer
 
 #: The window the rate is measured over (seconds).
@@ -42,7 +43,7 @@ class TransferBoard:
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        wall: Callable[[], float] = wall,
     ) -> None:
         self._clock = clock
         self._wall = wall

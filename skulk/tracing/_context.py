@@ -20,7 +20,6 @@ quotes, non-ASCII) is refused, so an id is safe in a header, a log line and a UR
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -28,6 +27,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import attrs
+
+from skulk.clock import wall
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID = 128
@@ -85,7 +86,7 @@ class RequestJournal:
         if trace.received is not None:
             (at, what), trace.received = trace.received, None
             self._append(at, trace, "request.received", what)
-        self._append(time.time(), trace, kind, detail)
+        self._append(wall(), trace, kind, detail)
 
     def _append(self, at: float, trace: RequestTrace, kind: str, detail: str) -> None:
         instance, model = trace.instance or "", trace.model or ""
@@ -135,7 +136,7 @@ def request_scope(
 ) -> Iterator[RequestTrace]:
     """Within: the code works for request ``request_id`` (and the tasks it starts);
     ``received``: what the API node received (``METHOD /path``), noted with its first event."""
-    arrival = None if received is None else (time.time(), received)
+    arrival = None if received is None else (wall(), received)
     trace = RequestTrace(request_id, instance, model, arrival)
     token = _REQUEST.set(trace)
     try:

@@ -131,3 +131,38 @@ def test_leader_faults_are_node_zero_process_faults_and_round_trip() -> None:
     doc["events"] = [{"at": 1, "kind": "cut", "node": 0, "duration": 1, "peer": 2}]
     with pytest.raises(ScheduleError, match=r"\$.events\[0\].node"):
         Schedule.from_json(json.dumps(doc))
+
+
+def test_clock_and_disk_faults_need_their_flags_and_round_trip() -> None:
+    s = generate(3, 3, 600, clock=True, disks=True)
+    kinds = {e.kind for e in s.events}
+    assert {"clock", "disk"} <= kinds <= {"kill", "pause", "clock", "disk"}
+    jumps = [e.amount for e in s.events if e.kind == "clock"]
+    assert all(30 <= abs(j) <= 3600 for j in jumps)
+    assert any(e.amount < 0 for e in generate(4, 3, 3600, clock=True, kinds=("clock",)).events)
+    assert Schedule.from_json(s.to_json()) == s
+    assert s.kinds() == ("kill", "pause", "clock", "disk")
+    with pytest.raises(ValueError, match="clock=True"):
+        generate(3, 3, 600, kinds=("clock",))
+    with pytest.raises(ValueError, match="disks=True"):
+        generate(3, 3, 600, kinds=("disk",))
+
+
+def test_a_clock_jump_may_be_negative_but_nothing_else_may() -> None:
+    doc = json.loads(generate(3, 3, 600, clock=True, kinds=("clock",)).to_json())
+    doc["events"][0]["amount"] = -900
+    assert Schedule.from_json(json.dumps(doc)).events[0].amount == -900
+    doc["events"][0]["duration"] = -1
+    with pytest.raises(ScheduleError, match=r"\$.events\[0\].duration"):
+        Schedule.from_json(json.dumps(doc))
+    doc = json.loads(generate(3, 3, 600, disks=True, kinds=("disk",)).to_json())
+    doc["events"][0]["amount"] = -1
+    with pytest.raises(ScheduleError, match=r"\$.events\[0\].amount"):
+        Schedule.from_json(json.dumps(doc))
+    doc["events"][0]["amount"] = 0
+    doc["disks"] = False  # a disk fault in a run without small data dirs
+    with pytest.raises(ScheduleError, match=r"\$.events\[0\].kind"):
+        Schedule.from_json(json.dumps(doc))
+    doc["disks"] = "yes"
+    with pytest.raises(ScheduleError, match=r"\$.disks"):
+        Schedule.from_json(json.dumps(doc))

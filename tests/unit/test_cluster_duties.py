@@ -215,9 +215,27 @@ def test_victims_are_not_culprits() -> None:
     ])  # fmt: skip
     assert culprit_nodes(state, state.instances[0]) == frozenset()
     # Only victims have spoken: the culprit's own report is waited for, a while.
-    assert next_commands(state, view(), 5 + CULPRIT_WAIT_MS - 1, iter(["p1"])) == []
-    move, _ = replace_once(state, view(strikes={"m": {"a": 1, "b": 1}}), now=5 + CULPRIT_WAIT_MS)
+    seen = {"p0": CULPRIT_WAIT_MS - 1}  # for how long the leader has seen them (monotonic)
+    assert next_commands(state, view(failed_for_ms=seen), 5, iter(["p1"])) == []
+    waited = view(strikes={"m": {"a": 1, "b": 1}}, failed_for_ms={"p0": CULPRIT_WAIT_MS})
+    move, _ = replace_once(state, waited)
     assert nodes_of(move) == ["a", "b"]
+
+
+def test_the_culprit_wait_runs_on_the_leaders_monotonic_clock_not_the_stamps() -> None:
+    """Stamps from a leader whose wall clock ran an hour ahead (or a wall clock that jumped
+    back) must not hold a re-placement for an hour; nor may one from a clock behind end the
+    wait early."""
+    hour = 3_600_000
+    state = run(distributed(), [
+        ReportRunner("p0", 0, "a", "failed", "group_connect_timeout", 10 * hour),
+        ReportRunner("p0", 1, "b", "failed", "group_connect_timeout", 10 * hour),
+    ])  # fmt: skip
+    waited = view(failed_for_ms={"p0": CULPRIT_WAIT_MS})
+    move, _ = replace_once(state, waited, now=9 * hour)  # this leader's clock: an hour behind
+    assert nodes_of(move) == ["a", "b"]
+    just_now = view(failed_for_ms={"p0": 0})
+    assert next_commands(state, just_now, 11 * hour, iter(["p1"])) == []  # clock an hour ahead
 
 
 def test_a_culprits_late_report_is_waited_for_and_blamed() -> None:

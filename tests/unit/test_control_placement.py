@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from skulk.cluster import COMMAND_CODEC, RESULT_CODEC, State, apply
+from skulk.cluster._duties import CULPRIT_WAIT_MS
 from skulk.control import ClusterControl
 from skulk.federation import LinkView, PeerState
 from skulk.wire.cluster import (
@@ -150,7 +151,9 @@ async def test_nodes_without_compute_ports_are_pending_and_memory_refusals_say_n
     assert refused.need is not None and refused.have == GIB
 
 
-async def test_a_node_failing_a_pipeline_twice_is_avoided_from_the_second_time() -> None:
+async def test_a_node_failing_a_pipeline_twice_is_avoided_from_the_second_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     seen = {n: readings(n, 8 * GIB) for n in "abc"}
     state = cluster(LLAMA)
     shards = (Shard(0, "a", 0, 2, "10.0.0.97:7000"), Shard(1, "b", 2, 4, "10.0.0.98:7000"))
@@ -174,6 +177,9 @@ async def test_a_node_failing_a_pipeline_twice_is_avoided_from_the_second_time()
     driver.state, _ = apply(
         driver.state, ReportRunner("p2", rank, "c", "failed", "collective_timeout", 3)
     )
+    await control._duty_round(fresh)  # only a victim has spoken: the culprit is waited for
+    assert [i.id for i in driver.state.instances] == ["p2"]
+    await trio.sleep(CULPRIT_WAIT_MS / 1000)  # on the leader's own (Trio) clock
     await control._duty_round(fresh)
     (third,) = driver.state.instances
     assert third.id == "p3" and sorted(s.node for s in third.shards) == ["a", "c"]
