@@ -5,7 +5,9 @@ client commands over a node's API: ``place MODEL``, ``ps``, ``nodes``, ``rm INST
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -57,17 +59,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # text: "TIME LEVEL LOGGER [REQUEST_ID]: MESSAGE"; json: one object per line (skulk.tracing)
     configure_logging(config.log_level, "json" if config.log_format == "json" else "text")
+    # `kill -USR1 PID` writes every thread's Python stack to stderr: what a node that seems
+    # stuck is doing, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     import trio
 
     from skulk.consensus import StorageCorrupt
     from skulk.identity import IdentityError
-    from skulk.serve import StartupError, serve
+    from skulk.serve import StartupError, leaves, serve
 
     problems: list[BaseException] = []
     try:
         trio.run(serve, config)
     except* (StartupError, IdentityError, StorageCorrupt) as group:
-        problems.extend(_leaves(group))
+        problems.extend(leaves(group))
     for problem in problems:
         print(f"skulk: cannot start: {problem}", file=sys.stderr)
     return 2 if problems else 0
@@ -76,14 +81,6 @@ def main(argv: list[str] | None = None) -> int:
 def _first_word(argv: list[str]) -> str | None:
     """The subcommand's name in ``argv`` (the top-level parser takes no option with a value)."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    """The exceptions in ``group``, however deeply nurseries nested it."""
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
 
 
 if __name__ == "__main__":

@@ -100,6 +100,14 @@ from skulk.worker import (
 log = logging.getLogger("skulk")
 
 
+def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions in ``group``, however deeply nurseries nested it."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 class StartupError(Exception):
     """The node cannot start (bad secret, address in use): printed without a traceback."""
 
@@ -394,8 +402,9 @@ async def serve(
         nursery.start_soon(show_progress, progress_now)  # bars only when stderr is a TTY
         try:
             host, port = await nursery.start(mesh.run)
-        except OSError as exc:
-            raise StartupError(f"cannot listen for nodes on {config.listen}: {exc}") from None
+        except* OSError as group:  # the mesh's own nursery wraps its listener's error
+            why = leaves(group)[0]
+            raise StartupError(f"cannot listen for nodes on {config.listen}: {why}") from None
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         compute.append(
             ComputePorts(config.compute_host_for(host), *config.compute_port_range(port))

@@ -22,6 +22,7 @@ check finds runners that outlived a killed node too.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import threading
@@ -34,6 +35,7 @@ from skulk.chaos._clock import clock_env
 from skulk.chaos._disk import NODE_DISK_BYTES
 from skulk.chaos._namespace import mount_small_fs, unmount
 from skulk.chaos._proxy import Proxies
+from skulk.config import COMPUTE_PORTS_COUNT
 from skulk.harness import NodeProcess
 from skulk.repro import runner_children
 
@@ -42,25 +44,63 @@ LOG_KEPT = 2000
 SAMPLE_INTERVAL = 0.5
 
 
-def free_port() -> int:
+#: Ports per node: the API, the federation listener, then its runners' compute ports.
+PORTS_PER_NODE = 2 + COMPUTE_PORTS_COUNT
+#: The lowest port a run uses.
+PORT_FLOOR = 10000
+
+
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands out to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive ports below the kernel's ephemeral range, the first
+    two of every :data:`PORTS_PER_NODE` free now. A node keeps its ports across restarts, so
+    they must never be ones an outgoing connection may take meanwhile (a node restarted on an
+    ephemeral port once found it held by one of the load's connections)."""
+    rng = random.Random()
+    top = ephemeral_floor() - count
+    for _ in range(1000):
+        base = rng.randrange(PORT_FLOOR, top)
+        if all(_bindable(host, base + i * PORTS_PER_NODE + j)
+               for i in range(count // PORTS_PER_NODE) for j in (0, 1)):  # fmt: skip
+            return base
+    raise RuntimeError(f"no free block of {count} ports in {PORT_FLOOR}-{ephemeral_floor()}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class ChaosNode:
     """One node of the run (``index`` 1-based)."""
 
     def __init__(
-        self, index: int, home: Path, args: list[str], env: Mapping[str, str], listen_host: str
+        self,
+        index: int,
+        home: Path,
+        args: list[str],
+        env: Mapping[str, str],
+        listen_host: str,
+        first_port: int,
     ) -> None:
         self.index = index
         self.listen_host = listen_host
         self.home = home
-        self.api_port = free_port()
-        self.fed_port = free_port()
-        self.args = args
+        self.api_port = first_port
+        self.fed_port = first_port + 1
+        compute = f"{first_port + 2}-{first_port + PORTS_PER_NODE - 1}"
+        self.args = [*args, "--compute-ports", compute]
         self.env = dict(env)
         self.process: NodeProcess | None = None
         self.paused = False
@@ -161,15 +201,17 @@ class ChaosCluster:
         args = [a for k, v in flags.items() for a in ("--" + k, v)]
         args += ["--model", "none", "--log-level", "warning"]
         self.nodes: list[ChaosNode] = []
+        host = "0.0.0.0" if links else "127.0.0.1"
+        base = port_block(count * PORTS_PER_NODE, host)
         for i in range(1, count + 1):
             home = root / f"node{i}"
             home.mkdir()
             if disks:  # a filesystem of its own, that a disk fault fills
                 mount_small_fs(home, NODE_DISK_BYTES)
             (home / "models").symlink_to(models)
-            host = "0.0.0.0" if links else "127.0.0.1"
             node_env = clock_env(home, env) if clock else env
-            self.nodes.append(ChaosNode(i, home, args, node_env, host))
+            first = base + (i - 1) * PORTS_PER_NODE
+            self.nodes.append(ChaosNode(i, home, args, node_env, host, first))
         self._runner_pids: dict[int, set[int]] = {n.index: set() for n in self.nodes}
         self._lock = threading.Lock()
         self._stop = threading.Event()

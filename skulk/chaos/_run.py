@@ -126,7 +126,7 @@ def _apply(
         else:
             node.resume()
     except AssertionError as exc:  # the restart never listened
-        problem = str(exc)[-2000:]
+        problem = str(exc)[-6000:]
     history.heal(index, time.monotonic(), problem)
 
 

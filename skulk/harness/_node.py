@@ -60,11 +60,22 @@ class NodeProcess:
         )
         threading.Thread(target=self._pump, daemon=True).start()
         if not self._url_seen.wait(START_DEADLINE):
+            self._dump_stacks()
             self.stop()
             raise AssertionError("server never listened:\n" + self.log())
         if wait_ready:
             self.wait_ready()
         return self
+
+    def _dump_stacks(self) -> None:
+        """Have a live node write every thread's stack into its output (its SIGUSR1)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.output.append(f"(the node, pid {self.proc.pid}, is running: its stacks follow)")
+            try:
+                os.kill(self.proc.pid, signal.SIGUSR1)
+            except OSError:
+                return
+            time.sleep(2.0)
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None

@@ -35,6 +35,21 @@ def test_serve_refuses_a_bad_port(tmp_path: Path) -> None:
     assert "--port" in result.stderr
 
 
+def test_serve_says_why_it_cannot_listen_for_nodes(tmp_path: Path) -> None:
+    """A federation port already taken: one line naming the address, no traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        listen = f"127.0.0.1:{port}"
+        result = run("serve", "--home", str(tmp_path), "--port", "0", "--listen", listen)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot start: cannot listen for nodes on {listen}" in result.stderr
+    assert "Address already in use" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_serve_refuses_damaged_raft_storage_naming_the_file(tmp_path: Path) -> None:
     from skulk.consensus import (
         ConfState,
@@ -62,3 +77,24 @@ def test_serve_refuses_damaged_raft_storage_naming_the_file(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     assert "cannot start" in result.stderr and segment.name in result.stderr
     assert "corrupt" in result.stderr
+
+
+def test_a_running_node_writes_its_stacks_on_sigusr1_and_goes_on(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from skulk.harness import NodeProcess
+
+    node = NodeProcess(tmp_path, "--model", "none").start(wait_ready=False)
+    try:
+        assert node.proc is not None
+        os.kill(node.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while "most recent call first" not in node.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "most recent call first" in node.log() and "trio" in node.log()
+        assert node.proc.poll() is None  # it goes on: alive, and answering
+        assert node.get("/health").status_code in (200, 503)
+    finally:
+        node.stop()
