@@ -2,7 +2,8 @@
 
 Every node has its own data dir (its own node id, its Raft storage; the demo model linked from
 one shared models dir), fixed loopback ports (the API and the federation listener keep their
-ports across restarts, so the other nodes' dialers find a restarted node where it was) and
+ports across restarts, so the other nodes' dialers find a restarted node where it was; all of
+them, compute ports included, below the kernel's ephemeral range: :func:`port_block`) and
 ``--model none``: the load places every instance itself, so every instance in the State is
 one a client asked for. Node 1 founds the cluster; the others ``--join`` every other node (a
 node restarted while node 1 is down still finds the cluster).

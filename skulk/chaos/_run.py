@@ -140,8 +140,9 @@ def _apply_to_home(
             f"for {event.duration:.1f}s")  # fmt: skip
         set_offset(node.home, event.amount)
     else:
-        log(f"t+{event.at:6.1f}s  disk of node {node.index} full for {event.duration:.1f}s")
-        fill(node.home)
+        filled = fill(node.home)
+        log(f"t+{event.at:6.1f}s  disk of node {node.index} full for {event.duration:.1f}s "
+            f"({filled / 2**20:.0f} MiB written to fill it)")  # fmt: skip
     index = history.fault(FaultRecord(event.kind, node.index, start, None))
     time.sleep(event.duration)
     if event.kind == "clock":
