@@ -14,6 +14,7 @@ import time
 
 from skulk.harness import pid_alive
 from skulk.repro._client import chat_body, request, stream_chat
+from skulk.repro._control_faults import CONTROL_BREAKS, CONTROL_FAULTS
 from skulk.repro._distributed import DISTRIBUTED, DISTRIBUTED_BREAKS
 from skulk.repro._node_faults import NODE_BREAKS, NODE_FAULTS
 from skulk.repro._scenario import Break, Scenario
@@ -262,6 +263,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     *DISTRIBUTED,
     *NODE_FAULTS,
+    *CONTROL_FAULTS,
 )
 
 BREAKS: tuple[Break, ...] = (
@@ -272,6 +274,7 @@ BREAKS: tuple[Break, ...] = (
     ),
     *DISTRIBUTED_BREAKS,
     *NODE_BREAKS,
+    *CONTROL_BREAKS,
 )
 
 
