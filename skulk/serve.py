@@ -190,6 +190,7 @@ async def serve(
         ClusterMachine(),
         founder=founder,
         config=config.raft_config(),
+        segment_bytes=config.raft_segment_bytes,
     )
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample

@@ -108,6 +108,9 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a Raft follower hears nothing from the leader before it calls an election "
            "(each wait is drawn from T to 2T); a lost leader is replaced after about this "
            "long", _election),
+    Option("raft_segment_bytes", ByteSize,
+           "bytes a Raft log segment (<home>/raft) grows to before the next one starts and "
+           "the closed one is compressed (512K, 4M, ...)", _positive_size),
     Option("restart_backoff", float, "first relaunch delay of a failed runner (then doubling)",
            _seconds),
     Option("restart_limit", int,

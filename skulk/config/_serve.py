@@ -22,6 +22,7 @@ from skulk.config._values import (
     default_home,
     parse_port_range,
 )
+from skulk.consensus import DEFAULT_SEGMENT_BYTES
 from skulk.runner import RunnerConfig
 from skulk.worker import CRASH_LOOP_COOLDOWN, RUNNER_RESTARTS
 
@@ -62,6 +63,8 @@ class ServeConfig:
     link_liveness_timeout: float = 5.0
     # the Raft election timeout (seconds); the default is RaftConfig().election_ticks ticks
     election_timeout: float = 0.5
+    # bytes a Raft log segment grows to before the next starts; the default is the storage's
+    raft_segment_bytes: int = DEFAULT_SEGMENT_BYTES
     # runner relaunches; the defaults are the model service's own
     restart_backoff: float = RUNNER_RESTARTS.initial_backoff
     restart_limit: int = RUNNER_RESTARTS.max_restarts

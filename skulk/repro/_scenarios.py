@@ -26,6 +26,7 @@ from skulk.repro._steps import (
     fresh_request,
     stream_broken_by_fault,
 )
+from skulk.repro._storage_faults import STORAGE_FAULTS
 
 #: How long a runner may outlive its SIGKILLed node (its parent-pid watchdog).
 ORPHAN_EXIT_LIMIT = 10.0
@@ -264,6 +265,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     *DISTRIBUTED,
     *NODE_FAULTS,
     *CONTROL_FAULTS,
+    *STORAGE_FAULTS,
 )
 
 BREAKS: tuple[Break, ...] = (

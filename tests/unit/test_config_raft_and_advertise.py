@@ -1,5 +1,6 @@
-"""``--election-timeout`` (the Raft election timeout, in driver ticks) and ``--advertise`` (the
-address gossiped for other nodes to dial): their defaults, what they become, and their checks."""
+"""``--election-timeout`` (the Raft election timeout, in driver ticks), ``--raft-segment-bytes``
+and ``--advertise`` (the address gossiped for other nodes to dial): their defaults, what they
+become, and their checks."""
 
 from __future__ import annotations
 
@@ -49,3 +50,13 @@ def test_advertise_takes_a_join_url() -> None:
 def test_an_advertised_address_nobody_can_dial_is_refused(value: str) -> None:
     with pytest.raises(ValueError, match="--advertise"):
         parse(["--advertise", value])
+
+
+def test_raft_segment_bytes_takes_sizes() -> None:
+    from skulk.consensus import DEFAULT_SEGMENT_BYTES
+
+    assert parse([]).raft_segment_bytes == DEFAULT_SEGMENT_BYTES
+    assert parse(["--raft-segment-bytes", "512K"]).raft_segment_bytes == 512 * 1024
+    assert parse(["--raft-segment-bytes", "1"]).raft_segment_bytes == 1
+    with pytest.raises(ValueError, match="--raft-segment-bytes"):
+        parse(["--raft-segment-bytes", "0"])
