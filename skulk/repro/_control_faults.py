@@ -21,6 +21,7 @@ Detectors, so the breakages are honest negative controls:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -129,7 +130,8 @@ def _leader_lost_mid_placement(s: Session) -> None:
     sent.set()
     started = time.monotonic()
     first = _post_placement(s, b, b, key)
-    took = time.monotonic() - started
+    answered = time.monotonic()
+    took = answered - started
     over.set()
     killer.join(2.0)
     s.require(
@@ -140,7 +142,12 @@ def _leader_lost_mid_placement(s: Session) -> None:
     s.check(
         "the client got a typed answer (201, or 503 with an error code) within its deadline",
         _typed(first),
-        f"{first.describe()} after {took:.1f}s (deadline {PLACE_DEADLINE:g}s)",
+        f"{first.describe()} after {took:.1f}s (deadline {PLACE_DEADLINE:g}s), "
+        + (
+            f"{answered - killed[0][0]:.2f}s after the kill"
+            if answered >= killed[0][0]
+            else "before the kill reached it"
+        ),
     )
     leaders: list[object] = []
 
@@ -209,6 +216,19 @@ def _api_node_partitioned(s: Session) -> None:
         "the link between node 2 and node 3 passes the proxy",
         linked is not None,
         f"proxy connections: {_proxy_counts(proxies)}",
+    )
+    found = a.get("/v1/cluster/links").field("links")
+    rows = found if isinstance(found, list) else []
+    proxied = [
+        f"{r.get('peer_id')} at {r.get('address')}"
+        for r in rows
+        if isinstance(r, dict)
+        and any(re.search(rf":{port}(?!\d)", str(r.get("address"))) for port in via.values())
+    ]
+    s.require(
+        "node 1's links to nodes 2 and 3 bypass the proxies (the cut is between 2 and 3 only)",
+        not proxied,
+        f"node 1 dialed through a proxy: {proxied}" if proxied else f"{len(rows)} links",
     )
     fresh_request_via(s, c, "a request through node 3 is served by node 2", served_by=b)
     cut_at: list[float] = []
