@@ -55,7 +55,7 @@ def _raft(node: Node) -> dict[str, object]:
     return body if isinstance(body, dict) else {}
 
 
-def _require_voters(s: Session, leader: Node, nodes: list[Node]) -> None:
+def require_voters(s: Session, leader: Node, nodes: list[Node]) -> None:
     """Require that ``leader`` leads and every node of ``nodes`` is a voter (so the others
     keep a quorum when it goes)."""
     ids = {n.node_id for n in nodes}
@@ -85,7 +85,7 @@ def _post_placement(s: Session, via: Node, target: Node, key: str) -> Reply:
     )  # fmt: skip
 
 
-def _typed(reply: Reply) -> bool:
+def typed_answer(reply: Reply) -> bool:
     """A 201, or a 503 whose error names its code."""
     if reply.status == 201:
         return isinstance(reply.field("instance", "id"), str)
@@ -94,7 +94,7 @@ def _typed(reply: Reply) -> bool:
 
 def _leader_lost_mid_placement(s: Session) -> None:
     a, b, c = start_cluster(s, 3)
-    _require_voters(s, a, [a, b, c])
+    require_voters(s, a, [a, b, c])
     # A dry run first: it registers the model and proves the placement fits (every node's
     # compute ports are known), so the placement below is one Raft entry.
     dry = s.wait_until(
@@ -141,7 +141,7 @@ def _leader_lost_mid_placement(s: Session) -> None:
     )
     s.check(
         "the client got a typed answer (201, or 503 with an error code) within its deadline",
-        _typed(first),
+        typed_answer(first),
         f"{first.describe()} after {took:.1f}s (deadline {PLACE_DEADLINE:g}s), "
         + (
             f"{answered - killed[0][0]:.2f}s after the kill"

@@ -32,8 +32,14 @@ from pathlib import Path
 
 from skulk.repro._client import MODEL, Reply, request
 from skulk.repro._cluster_steps import PLACE_BUDGET, fresh_request_via, start_cluster, wait_serving
-from skulk.repro._control_faults import PLACE_DEADLINE
+from skulk.repro._control_faults import (
+    CONTROL_FLAGS,
+    PLACE_DEADLINE,
+    require_voters,
+    typed_answer,
+)
 from skulk.repro._distributed import CLUSTER_FLAGS
+from skulk.repro._node_faults import check_converged
 from skulk.repro._scenario import Scenario
 from skulk.repro._session import MARGIN, Node, Session
 
@@ -105,8 +111,12 @@ def _raft(node: Node) -> dict[str, object]:
     return body if isinstance(body, dict) else {}
 
 
-def _place(s: Session, node: Node, key: str, *, dry_run: bool = False) -> Reply:
-    body: dict[str, object] = {"model": MODEL, "sharding": "single", "nodes": [node.node_id]}
+def _place(
+    s: Session, node: Node, key: str, *, dry_run: bool = False, on: Node | None = None
+) -> Reply:
+    """Place the demo model on ``on`` (default: ``node``) through ``node``."""
+    target = on if on is not None else node
+    body: dict[str, object] = {"model": MODEL, "sharding": "single", "nodes": [target.node_id]}
     if dry_run:
         body["dry_run"] = True
     return request(
@@ -212,6 +222,99 @@ def _raft_storage_full(s: Session) -> None:
     )
 
 
+def _leader_storage_full(s: Session) -> None:
+    a, b, c = start_cluster(s, 3, flags={1: {"raft-segment-bytes": "1"}})
+    require_voters(s, a, [a, b, c])
+    pid = a.pid
+    dry = s.wait_until(
+        lambda: _place(s, b, uuid.uuid4().hex, dry_run=True).status == 200, PLACE_BUDGET
+    )
+    s.require("a dry run through node 2 registers the model and plans", dry is not None)
+    disk = FullDisk(a.process.home / "raft")
+    s.defer(disk.stop)
+    disk.start()
+    key = uuid.uuid4().hex
+    started = time.monotonic()
+    first = _place(s, b, key)
+    took = time.monotonic() - started
+    s.wait_until(lambda: disk.hits > 0, MARGIN)
+    s.require(
+        "the leader's Raft storage hit ENOSPC (a real write to /dev/full failed)",
+        disk.hits > 0,
+        f"{disk.hits} failed segment writes; the placement: {first.describe()}",
+    )
+    s.check(
+        "the placement through node 2 got a typed answer (201, or 503 with an error code) "
+        "within its deadline",
+        typed_answer(first),
+        f"{first.describe()} after {took:.1f}s (deadline {PLACE_DEADLINE:g}s)",
+    )
+    leaders: list[str] = []
+
+    def new_leader() -> bool:
+        seen = {str(_raft(n).get("leader")) for n in (b, c)}
+        leaders[:] = sorted(seen)
+        return len(seen) == 1 and seen.pop() in (b.node_id, c.node_id)
+
+    elected = s.wait_until(new_leader, s.setting("election-timeout") * 2 + MARGIN)
+    s.require(
+        "the full leader stopped leading: nodes 2 and 3 elected a new leader",
+        elected is not None,
+        f"they follow {leaders}" + (f" after {elected:.1f}s" if elected is not None else ""),
+    )
+    said: list[str] = []
+
+    def says_why() -> bool:
+        raft = _raft(a)
+        said[:] = [f"raft unavailable={raft.get('unavailable')}, role={raft.get('role')}"]
+        return raft.get("unavailable") == "disk_full"
+
+    s.check(
+        "node 1 says why: Raft unavailable disk_full",
+        s.wait_until(says_why, MARGIN) is not None,
+        said[0] if said else "",
+    )
+    retry = _place(s, c, key, on=b)
+    placed = retry.field("instance", "id")
+    s.require(
+        "a retry under the same Idempotency-Key (through node 3) is a 201",
+        retry.status == 201 and isinstance(placed, str),
+        retry.describe(),
+    )
+    ours = first.field("instance", "id") if first.status == 201 else placed
+    s.check("it names the instance the first try placed", placed == ours, f"{ours}, {placed}")
+    kept = s.wait_until(lambda: disk.hits >= FULL_HITS, 3 * MARGIN)
+    s.require(
+        f"the disk stayed full ({FULL_HITS} writes failed ENOSPC) and node 1 kept running",
+        kept is not None and a.serving and a.pid == pid,
+        f"{disk.hits} failed writes; pid {pid}, serving {a.serving}",
+    )
+    disk.stop()
+    leader = leaders[0]
+
+    def rejoined() -> bool:
+        raft = _raft(a)
+        return raft.get("unavailable") is None and raft.get("leader") == leader
+
+    back = s.wait_until(rejoined, REOPEN_BOUND)
+    s.require(
+        "once space is back, node 1 reopens its storage and follows the new leader",
+        back is not None,
+        f"after {back:.1f}s" if back is not None else f"raft: {_raft(a)}",
+    )
+    assert isinstance(placed, str)
+    wait_serving(s, "the instance serves on node 2", instance=placed)
+    ids = [v.id for v in s.watch.instances() if v.model == MODEL]
+    s.check(
+        "exactly one instance exists, and no other was ever seen",
+        ids == [placed] and s.watch.instance_ids() == [placed],
+        f"now {ids}; ever seen {s.watch.instance_ids()}",
+    )
+    fresh_request_via(s, a, "a fresh request through node 1 succeeds")
+    check_converged(s, [a, b, c])
+    s.check("node 1 never restarted", a.pid == pid and a.serving, f"pid {pid} throughout")
+
+
 STORAGE_FAULTS: tuple[Scenario, ...] = (
     Scenario(
         "raft-storage-full",
@@ -222,5 +325,16 @@ STORAGE_FAULTS: tuple[Scenario, ...] = (
         _raft_storage_full,
         flags={**CLUSTER_FLAGS, "raft-segment-bytes": "1"},
         budget_s=90.0,
+    ),
+    Scenario(
+        "raft-storage-full-leader",
+        "the Raft leader's storage fails ENOSPC during a placement sent through a follower: "
+        "the client gets a typed answer in time, the full leader stops leading and the "
+        "others elect a new one, a retry under the same Idempotency-Key names one instance; "
+        "once space is back the old leader rejoins as a follower without a restart and the "
+        "State converges",
+        _leader_storage_full,
+        flags=CONTROL_FLAGS,
+        budget_s=120.0,
     ),
 )

@@ -77,9 +77,12 @@ async def test_an_ask_on_the_leader_has_a_deadline_too(autojump_clock: Any) -> N
         ("placement_info_pending", 503, True),
         ("no_quorum", 503, True),
         ("not_leader", 503, True),
+        ("unavailable", 503, True),  # the leader's Raft storage failed (its disk is full)
     ],
 )
 def test_refusals_map_to_their_status(code: str, status: int, retry: bool) -> None:
     err = refusal_error(ControlRefused(code, "why"))
     assert (err.status, err.code) == (status, code)
     assert ("Retry-After" in err.headers) == retry
+    # A 503 is the cluster's trouble, not the request's: the client may retry it.
+    assert err.type == ("server_error" if status >= 500 else "invalid_request_error")
