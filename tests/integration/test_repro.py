@@ -62,6 +62,7 @@ def test_list_names_every_scenario_and_breakage() -> None:
         "leader-lost-mid-placement",
         "api-node-partitioned",
         "raft-storage-full",
+        "raft-storage-full-leader",
     }
     assert required <= {s.name for s in SCENARIOS}
     assert {s.name for s in SCENARIOS} | {b.name for b in BREAKS} <= names
