@@ -192,7 +192,13 @@ async def serve(
     # A node started without --join founds a cluster (if it has no Raft data yet).
     founder = not config.join
     consensus: ConsensusService[State] = ConsensusService(
-        node_id, mesh, config.home / "raft", ClusterMachine(), founder=founder
+        node_id,
+        mesh,
+        config.home / "raft",
+        ClusterMachine(),
+        founder=founder,
+        config=config.raft_config(),
+        segment_bytes=config.raft_segment_bytes,
     )
     scheme = "wss" if server_ssl is not None else "ws"
     addresses = {"listen": "", "api": ""}  # known once bound; read by each telemetry sample
@@ -428,7 +434,7 @@ async def serve(
         await nursery.start(duties.run)
         binds: list[str] = await nursery.start(run_http)
         url = binds[0] if binds else f"http://{config.host}:{config.port}"
-        addresses.update(listen=f"{scheme}://{listen}", api=url)
+        addresses.update(listen=config.advertise or f"{scheme}://{listen}", api=url)
         await nursery.start(gossip.run)
         await nursery.start(control.run)
         ensured = control.ensure_model or "none (capacity only)"

@@ -19,7 +19,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from skulk.api._errors import ApiError
+from skulk.api._errors import INVALID_REQUEST, SERVER, ApiError
 from skulk.api._http_errors import json_response
 from skulk.api._pull_format import pull_error
 from skulk.api._schema import Schema, honoured
@@ -133,13 +133,18 @@ def instance_json(
 
 
 def refusal_error(refused: ControlRefused) -> ApiError:
+    """The leader's refusal as an HTTP error: a 4xx (``invalid_request_error``) for what the
+    request asked, a 503 (``server_error``, ``Retry-After: 1``) for the cluster's own
+    trouble — no quorum, a leader changing, a leader whose Raft storage failed
+    (``unavailable``), placement info not gossiped yet — which a retry may get past."""
+    status = REFUSAL_STATUS.get(refused.code, 409)
     err = ApiError(
-        REFUSAL_STATUS.get(refused.code, 409),
+        status,
         refused.message,
-        type="invalid_request_error",
+        type=SERVER if status >= 500 else INVALID_REQUEST,
         code=refused.code,
     )
-    if refused.code in ("placement_info_pending", "no_quorum", "not_leader"):
+    if status == 503:
         err.headers = {"Retry-After": "1"}
     return err
 

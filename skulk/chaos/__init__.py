@@ -23,10 +23,10 @@ from skulk.chaos._checks import (
 )
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._observe import Bounds, Final, NodeFinal
-from skulk.chaos._proxy import LinkMode, LinkProxy, Proxies, ProxyStatistics
 from skulk.chaos._run import FLAGS, RunResult, execute, request_deadline
 from skulk.chaos._schedule import FaultEvent, Schedule, ScheduleError, generate
 from skulk.chaos._summary import print_summary, summary_tables
+from skulk.harness import LinkMode, LinkProxy, Proxies, ProxyStatistics
 
 __all__ = [
     "FLAGS",

@@ -8,7 +8,7 @@ them, compute ports included, below the kernel's ephemeral range: :func:`port_bl
 one a client asked for. Node 1 founds the cluster; the others ``--join`` every other node (a
 node restarted while node 1 is down still finds the cluster).
 
-With ``links`` every node dials every other through its own :class:`~skulk.chaos._proxy.LinkProxy`
+With ``links`` every node dials every other through its own :class:`~skulk.harness.LinkProxy`
 (its ``--join`` URLs are the proxies) and listens on the wildcard address, which gossip never
 dials: so every link between two nodes passes a proxy the run controls. Only inside a private
 network namespace (:mod:`skulk.chaos._namespace`).
@@ -35,9 +35,8 @@ import httpx
 from skulk.chaos._clock import clock_env
 from skulk.chaos._disk import NODE_DISK_BYTES
 from skulk.chaos._namespace import mount_small_fs, unmount
-from skulk.chaos._proxy import Proxies
 from skulk.config import COMPUTE_PORTS_COUNT
-from skulk.harness import NodeProcess
+from skulk.harness import NodeProcess, Proxies
 from skulk.repro import runner_children
 
 #: Node output lines kept (the summary prints a failing node's tail).

@@ -28,8 +28,8 @@ from skulk.chaos._disk import fill, free
 from skulk.chaos._history import FaultRecord, History, Op
 from skulk.chaos._load import MODEL, Load
 from skulk.chaos._observe import Bounds, Final, kill_orphans, observe
-from skulk.chaos._proxy import LinkMode, ProxyStatistics
 from skulk.chaos._schedule import CLOCK_KINDS, DISK_KINDS, LINK_KINDS, FaultEvent, Schedule
+from skulk.harness import LinkMode, ProxyStatistics
 
 #: Deadlines of the nodes in a chaos run (short, so every fault is noticed within seconds).
 FLAGS = {

@@ -9,6 +9,7 @@ from pathlib import Path
 from skulk.config._values import (
     _WILDCARD_HOSTS,
     LINK_HEARTBEAT,
+    RAFT_HEARTBEAT,
     ROUTE_KEEPALIVE,
     parse_port_range,
 )
@@ -29,6 +30,12 @@ def _link_liveness(value: object) -> str | None:
     assert isinstance(value, float)
     ok = value == 0 or (math.isfinite(value) and value > LINK_HEARTBEAT)
     return None if ok else f"0 (disabled) or more seconds than the heartbeat ({LINK_HEARTBEAT:g})"
+
+
+def _election(value: object) -> str | None:
+    assert isinstance(value, float)
+    ok = math.isfinite(value) and value > 2 * RAFT_HEARTBEAT
+    return None if ok else f"seconds > twice the leader's heartbeat ({2 * RAFT_HEARTBEAT:g})"
 
 
 def _positive(value: object) -> str | None:

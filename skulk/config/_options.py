@@ -14,6 +14,7 @@ from skulk.config._checks import (
     _at_least_one,
     _count,
     _cpu_blas,
+    _election,
     _faults,
     _file,
     _host,
@@ -103,6 +104,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("link_liveness_timeout", float,
            "seconds a link to another node may receive nothing (it is pinged every second) "
            "before it is declared down; 0 disables (not for production)", _link_liveness),
+    Option("election_timeout", float,
+           "seconds a Raft follower hears nothing from the leader before it calls an election "
+           "(each wait is drawn from T to 2T); a lost leader is replaced after about this "
+           "long", _election),
+    Option("raft_segment_bytes", ByteSize,
+           "bytes a Raft log segment (<home>/raft) grows to before the next one starts and "
+           "the closed one is compressed (512K, 4M, ...)", _positive_size),
     Option("restart_backoff", float, "first relaunch delay of a failed runner (then doubling)",
            _seconds),
     Option("restart_limit", int,
@@ -167,6 +175,10 @@ OPTIONS: tuple[Option, ...] = (
            "host; the hostname when it is a wildcard)", _host),
     Option("listen", str, "HOST:PORT where this node accepts other nodes (port 0: any)",
            _listen),
+    Option("advertise", str,
+           "ws://HOST:PORT (wss:// with TLS) the other nodes dial to reach this one, gossiped "
+           "instead of the bound --listen address (behind NAT, a port forward or a proxy)",
+           _join),
     Option("join", str,
            "ws://HOST:PORT (wss:// with TLS) of a node of the cluster to join (repeatable)",
            _join, multiple=True),

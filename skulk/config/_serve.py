@@ -17,14 +17,17 @@ from skulk.config._values import (
     DEFAULT_MODEL,
     DEFAULT_PORT,
     DISABLED_DEADLINE,
+    RAFT_TICK,
     default_compute_ports,
     default_home,
     parse_port_range,
 )
+from skulk.consensus import DEFAULT_SEGMENT_BYTES
 from skulk.runner import RunnerConfig
 from skulk.worker import CRASH_LOOP_COOLDOWN, RUNNER_RESTARTS
 
 if TYPE_CHECKING:
+    from skulk.consensus import DriverConfig
     from skulk.federation import LinkConfig
     from skulk.routing import RouteTimeouts
 
@@ -58,6 +61,10 @@ class ServeConfig:
     # defaults are RouteTimeouts().idle and LinkConfig().liveness_timeout
     route_idle_timeout: float = 10.0
     link_liveness_timeout: float = 5.0
+    # the Raft election timeout (seconds); the default is RaftConfig().election_ticks ticks
+    election_timeout: float = 0.5
+    # bytes a Raft log segment grows to before the next starts; the default is the storage's
+    raft_segment_bytes: int = DEFAULT_SEGMENT_BYTES
     # runner relaunches; the defaults are the model service's own
     restart_backoff: float = RUNNER_RESTARTS.initial_backoff
     restart_limit: int = RUNNER_RESTARTS.max_restarts
@@ -87,6 +94,7 @@ class ServeConfig:
     compute_host: str = ""  # "" is the --listen host (the hostname for a wildcard)
     # federation
     listen: str = "127.0.0.1:52416"
+    advertise: str = ""  # "" is the bound --listen address
     join: tuple[str, ...] = ()
     cluster_secret_file: Path | None = None
     # TLS for node-to-node links (wss://); see skulk.federation.tls_contexts
@@ -191,6 +199,14 @@ class ServeConfig:
         from skulk.federation import LinkConfig
 
         return LinkConfig(liveness_timeout=self.link_liveness_timeout or DISABLED_DEADLINE)
+
+    def raft_config(self) -> DriverConfig:
+        """The Raft driver's settings: ``--election-timeout`` in ticks (rounded); the others
+        are the driver's defaults."""
+        from skulk.consensus import DriverConfig, RaftConfig
+
+        ticks = max(1, round(self.election_timeout / RAFT_TICK))
+        return DriverConfig(tick_seconds=RAFT_TICK, raft=RaftConfig(election_ticks=ticks))
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(

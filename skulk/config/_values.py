@@ -75,6 +75,10 @@ DISABLED_DEADLINE = 365 * 24 * 3600.0
 #: --link-liveness-timeout must exceed them (else a healthy, silent peer would be given up).
 ROUTE_KEEPALIVE = 2.0
 LINK_HEARTBEAT = 1.0
+#: DriverConfig().tick_seconds and the Raft leader's heartbeat (RaftConfig().heartbeat_ticks
+#: ticks): --election-timeout counts in ticks and must be over twice the heartbeat.
+RAFT_TICK = 0.05
+RAFT_HEARTBEAT = 0.1
 
 
 def default_compute_ports(federation_port: int) -> tuple[int, int]:

@@ -38,7 +38,13 @@ from ._machine import Counter, Sessions, SessionState, StateMachine
 from ._meshtransport import SUBMIT_METHOD, MeshTransport
 from ._osdisk import OsDisk
 from ._service import ConsensusService
-from ._storage import Storage, StorageCorrupt, StorageFailed, verified_regions
+from ._storage import (
+    DEFAULT_SEGMENT_BYTES,
+    Storage,
+    StorageCorrupt,
+    StorageFailed,
+    verified_regions,
+)
 from ._transport import MemoryNetwork
 from ._types import (
     AppendReply,
@@ -70,6 +76,7 @@ from ._types import (
 )
 
 __all__ = [
+    "DEFAULT_SEGMENT_BYTES",
     "SUBMIT_METHOD",
     "AppendReply",
     "AppendRequest",

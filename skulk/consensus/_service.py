@@ -41,7 +41,7 @@ from ._machine import StateMachine
 from ._membership import DEFAULT_MAX_VOTERS, next_change
 from ._meshtransport import SUBMIT_METHOD, MeshTransport
 from ._osdisk import OsDisk
-from ._storage import Storage
+from ._storage import DEFAULT_SEGMENT_BYTES, Storage
 from ._types import ConfChange, NodeId, Recovered
 
 log = logging.getLogger("skulk.consensus")
@@ -63,8 +63,10 @@ class ConsensusService(Generic[S]):
         config: DriverConfig = DriverConfig(),  # noqa: B008 - frozen
         duty_interval: float = 0.25,
         max_voters: int = DEFAULT_MAX_VOTERS,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     ) -> None:
         self.node_id = node_id
+        self._segment_bytes = segment_bytes
         self._mesh = mesh
         self._data_dir = data_dir
         self._duty_interval = duty_interval
@@ -80,7 +82,7 @@ class ConsensusService(Generic[S]):
         )
 
     def _open_storage(self) -> tuple[Storage, Recovered]:
-        return Storage.open(OsDisk(self._data_dir))
+        return Storage.open(OsDisk(self._data_dir), segment_bytes=self._segment_bytes)
 
     async def handle_rpc(self, method: str, body: bytes) -> bytes:
         """The mesh's rpc handler: forwarded submissions (other methods: unknown)."""

@@ -202,7 +202,11 @@ class ClusterControl:
         :class:`ControlUnavailable` when no leader answers in time.
 
         A placement without an idempotency key gets one here, so this method's own retries
-        (a lost answer, a leader change) place one instance at most."""
+        (a lost answer, a leader change) place one instance at most. That also makes a
+        placement safe to ask again of the next leader when this one refused it
+        ``unavailable`` (its Raft storage failed, say its disk is full: it stops leading, and
+        the entry it could not persist may still commit through the others); any other
+        call's refusal is answered as it is."""
         if isinstance(call, PlacementAsk) and call.key is None and not call.dry_run:
             call = attrs.evolve(call, key=uuid.uuid4().hex)
         deadline = trio.current_time() + self._submit_timeout
@@ -223,7 +227,7 @@ class ClusterControl:
                 except (LinkError, WireError) as exc:
                     log.debug("control call to %s failed: %s", leader, exc)
                 else:
-                    if not (isinstance(reply, ControlRefused) and reply.code == "not_leader"):
+                    if not (isinstance(reply, ControlRefused) and _ask_again(call, reply)):
                         return reply
             with trio.move_on_at(min(deadline, trio.current_time() + 0.1)):
                 await self._driver.wait_applied(self._driver.applied)
@@ -393,3 +397,16 @@ def is_hub_name(name: str) -> bool:
     """Whether ``name`` names a Hub model: the shape of a Hub id, and no such directory here
     (``models/foo`` may be either)."""
     return looks_like_hub_ref(name) and not Path(name).expanduser().is_dir()
+
+
+def _ask_again(call: ControlCall, refused: ControlRefused) -> bool:
+    """Whether ``refused`` (a leader's answer to ``call``) is for the next leader to decide:
+    this node was not the leader, or it was and its Raft storage failed (``unavailable``) —
+    asked again only for a keyed placement, which a repeat cannot place twice."""
+    if refused.code == "not_leader":
+        return True
+    return (
+        refused.code == "unavailable"
+        and isinstance(call, PlacementAsk)
+        and (call.key is not None or call.dry_run)
+    )

@@ -77,7 +77,7 @@ def _serving_node_lost_mid_stream(s: Session) -> None:
     _moved_away(s, inst, b)
     fresh_request_via(s, a, "a fresh request through node 1 succeeds")
     fresh_request_via(s, c, "and through node 3")
-    _check_converged(s, [a, c])
+    check_converged(s, [a, c])
 
 
 def _node_paused_past_down(s: Session) -> None:
@@ -99,7 +99,7 @@ def _node_paused_past_down(s: Session) -> None:
     s.require(
         "after SIGCONT node 2 rejoins: every node sees all 3 up",
         took is not None,
-        f"after {took:.1f}s" if took is not None else f"node 1: {_statuses(a)}",
+        f"after {took:.1f}s" if took is not None else f"node 1: {statuses(a)}",
     )
     gone = s.wait_until(lambda: not b.runner_pids(), RUNNERS_GONE_BUDGET)
     s.check(
@@ -109,7 +109,7 @@ def _node_paused_past_down(s: Session) -> None:
         else f"runner pids {sorted(b.runner_pids())}",
     )  # fmt: skip
     fresh_request_via(s, b, "a fresh request through node 2 succeeds")
-    _check_converged(s, [a, b, c])
+    check_converged(s, [a, b, c])
 
 
 def _moved_away(s: Session, old: InstanceView, lost: Node) -> InstanceView:
@@ -127,7 +127,7 @@ def _moved_away(s: Session, old: InstanceView, lost: Node) -> InstanceView:
     )
 
 
-def _statuses(node: Node) -> dict[str, object]:
+def statuses(node: Node) -> dict[str, object]:
     rows = node.get("/v1/cluster/nodes").field("nodes")
     return {
         str(r.get("node_id")): r.get("status")
@@ -138,10 +138,10 @@ def _statuses(node: Node) -> dict[str, object]:
 
 def _all_up(s: Session, nodes: list[Node]) -> bool:
     ids = {n.node_id for n in nodes}
-    return all({k for k, v in _statuses(n).items() if v == "up"} >= ids for n in nodes if n.serving)
+    return all({k for k, v in statuses(n).items() if v == "up"} >= ids for n in nodes if n.serving)
 
 
-def _check_converged(s: Session, nodes: list[Node]) -> None:
+def check_converged(s: Session, nodes: list[Node]) -> None:
     """Check that ``nodes`` show the same applied index and the same State within
     :data:`MARGIN` (the State's own encoding, whole, is the hash)."""
     seen: list[list[object]] = []

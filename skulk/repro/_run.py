@@ -37,6 +37,7 @@ def run_scenario(
         budget_s=scenario.budget_s,
         node_faults=scenario.node_faults,
         compute_ports=breakage.compute_ports if breakage else None,
+        break_node_flags=breakage.node_flags if breakage else None,
     )
     aborted: str | None = None
     try:
@@ -72,6 +73,7 @@ def run_scenario(
         description=scenario.description,
         faults=faults,
         flags=session.flags,
+        node_flags=session.break_node_flags,
         breakage=breakage.name if breakage else None,
         checks=tuple(checks),
         timeline=tuple(events),
@@ -94,6 +96,8 @@ def format_report(result: Result) -> str:
         f"   faults: {result.faults or '(none)'}",
         f"   node flags: {flags}",
     ]
+    for n, extra in sorted(result.node_flags.items()):
+        out.append(f"   node {n} also: " + " ".join(f"--{k} {v}" for k, v in extra.items()))
     if result.breakage:
         out.append(f"   DELIBERATELY BROKEN: {result.breakage}")
     out += ["", "-- flight-recorder timeline", HEADER]
@@ -124,6 +128,7 @@ def result_json(result: Result) -> dict[str, object]:
         "passed": result.passed,
         "faults": result.faults,
         "flags": dict(result.flags),
+        "node_flags": {str(n): dict(f) for n, f in result.node_flags.items()},
         "break": result.breakage,
         "duration_s": result.duration_s,
         "aborted": result.aborted,

@@ -48,6 +48,10 @@ class Break:
     #: Each node of a cluster offers only this many compute ports (``--compute-ports``, free
     #: ones picked per node), instead of its default range.
     compute_ports: int | None = None
+    #: Flags (without the leading ``--``) for some nodes of a cluster only, by node number
+    #: (1 = the first started): a break that would stop the cluster forming if the founder
+    #: had it too.
+    node_flags: Mapping[int, Mapping[str, str]] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -72,6 +76,8 @@ class Result:
     #: Set when the script stopped early (a required check failed, or an error).
     aborted: str | None = None
     node_log: tuple[str, ...] = ()
+    #: The break's flags for some nodes only (:attr:`Break.node_flags`).
+    node_flags: Mapping[int, Mapping[str, str]] = attrs.field(factory=dict)
 
     @property
     def passed(self) -> bool:

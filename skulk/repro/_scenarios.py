@@ -14,6 +14,7 @@ import time
 
 from skulk.harness import pid_alive
 from skulk.repro._client import chat_body, request, stream_chat
+from skulk.repro._control_faults import CONTROL_BREAKS, CONTROL_FAULTS
 from skulk.repro._distributed import DISTRIBUTED, DISTRIBUTED_BREAKS
 from skulk.repro._node_faults import NODE_BREAKS, NODE_FAULTS
 from skulk.repro._scenario import Break, Scenario
@@ -25,6 +26,7 @@ from skulk.repro._steps import (
     fresh_request,
     stream_broken_by_fault,
 )
+from skulk.repro._storage_faults import STORAGE_FAULTS
 
 #: How long a runner may outlive its SIGKILLed node (its parent-pid watchdog).
 ORPHAN_EXIT_LIMIT = 10.0
@@ -262,6 +264,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     *DISTRIBUTED,
     *NODE_FAULTS,
+    *CONTROL_FAULTS,
+    *STORAGE_FAULTS,
 )
 
 BREAKS: tuple[Break, ...] = (
@@ -272,6 +276,7 @@ BREAKS: tuple[Break, ...] = (
     ),
     *DISTRIBUTED_BREAKS,
     *NODE_BREAKS,
+    *CONTROL_BREAKS,
 )
 
 

@@ -144,8 +144,12 @@ class Session:
         budget_s: float,
         node_faults: Mapping[int, str] | None = None,
         compute_ports: int | None = None,
+        break_node_flags: Mapping[int, Mapping[str, str]] | None = None,
     ) -> None:
         self.home = home
+        self.break_node_flags = {n: dict(f) for n, f in (break_node_flags or {}).items()}
+        #: Run after every node stopped (:meth:`defer`), newest first.
+        self._deferred: list[Callable[[], None]] = []
         self.faults = faults
         self.node_faults = dict(node_faults or {})
         self.compute_ports = compute_ports
@@ -258,7 +262,8 @@ class Session:
         home.mkdir()
         (home / "models").symlink_to((self.home / "models").resolve())
         args = [*self.node_args(faults=False), "--model", "none"]
-        args += [a for k, v in (flags or {}).items() for a in ("--" + k, v)]
+        extra = {**(flags or {}), **self.break_node_flags.get(index, {})}
+        args += [a for k, v in extra.items() for a in ("--" + k, v)]
         if faults := self.node_faults.get(index):
             args += ["--runner-faults", faults]
         if join is not None:
@@ -282,6 +287,11 @@ class Session:
 
     # -- cleanup ---------------------------------------------------------------------------
 
+    def defer(self, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` once every node has stopped (link proxies, say), even if the
+        script failed."""
+        self._deferred.append(cleanup)
+
     def finish(self) -> None:
         """Stop every node (all at once), then require that no runner outlives its node;
         always bounded. A paused node is resumed first."""
@@ -291,6 +301,8 @@ class Session:
         begun = {node.index: self._signal_stop(node) for node in self.nodes}
         for node in self.nodes:
             self._await_stop(node, begun[node.index])
+        while self._deferred:
+            self._deferred.pop()()
         if self._cluster_dir is not None:
             shutil.rmtree(self._cluster_dir, ignore_errors=True)
         pids = {(node.index, pid) for node in self.nodes for pid in node.recorder.pids()}

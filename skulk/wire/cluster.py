@@ -401,7 +401,7 @@ class ControlRefused:
     """A typed refusal: a placement failure's name (``not_enough_memory`` with ``node``,
     ``need``, ``have``; ``no_candidate_nodes``; ``unknown_model``; ``placement_info_pending``;
     ``unsupported_sharding``; ``no_compute_port`` with ``node``), a State rejection's reason,
-    or ``not_leader`` / ``no_quorum``."""
+    or ``not_leader`` / ``no_quorum`` / ``unavailable`` (the leader's Raft storage failed)."""
 
     code: str
     message: str

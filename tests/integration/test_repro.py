@@ -59,6 +59,10 @@ def test_list_names_every_scenario_and_breakage() -> None:
         "serving-node-silent",
         "serving-node-lost-mid-stream",
         "node-paused-past-down",
+        "leader-lost-mid-placement",
+        "api-node-partitioned",
+        "raft-storage-full",
+        "raft-storage-full-leader",
     }
     assert required <= {s.name for s in SCENARIOS}
     assert {s.name for s in SCENARIOS} | {b.name for b in BREAKS} <= names
@@ -155,6 +159,20 @@ DISTRIBUTED_BREAKS = [
         "the leader committed node 2 down and its instance serves elsewhere",
         "now: single",
     ),
+    (
+        "leader-lost-mid-placement",
+        "election",
+        "the client got a typed answer",
+        "a new leader was elected among the survivors",
+        "waited",
+    ),
+    (
+        "api-node-partitioned",
+        "link-deadlines",
+        "was cut one way mid-stream",
+        "the stream ended with the typed error node_unreachable",
+        "client deadline",
+    ),
 ]
 
 
@@ -166,7 +184,7 @@ def test_every_breakage_is_tested() -> None:
 @pytest.mark.parametrize(
     ("name", "breakage", "provoked", "failing", "why"),
     DISTRIBUTED_BREAKS,
-    ids=[b for _, b, *_ in DISTRIBUTED_BREAKS],
+    ids=[f"{n}-{b}" for n, b, *_ in DISTRIBUTED_BREAKS],
 )
 def test_a_distributed_breakage_makes_its_scenario_fail(
     home: Path, name: str, breakage: str, provoked: str, failing: str, why: str

@@ -15,7 +15,7 @@ from skulk.cluster import State
 from skulk.control import CONTROL_METHOD, ClusterControl, ControlUnavailable
 from skulk.control._rpc import CALL_CODEC, REPLY_CODEC
 from skulk.federation import RpcFailed
-from skulk.wire.cluster import ControlRefused, PlacementAsk, RemoveNodeAsk
+from skulk.wire.cluster import ControlRefused, Placed, PlacementAsk, RemoveNodeAsk
 
 
 def control(leader: str | None) -> ClusterControl:
@@ -77,9 +77,71 @@ async def test_an_ask_on_the_leader_has_a_deadline_too(autojump_clock: Any) -> N
         ("placement_info_pending", 503, True),
         ("no_quorum", 503, True),
         ("not_leader", 503, True),
+        ("unavailable", 503, True),  # the leader's Raft storage failed (its disk is full)
     ],
 )
 def test_refusals_map_to_their_status(code: str, status: int, retry: bool) -> None:
     err = refusal_error(ControlRefused(code, "why"))
     assert (err.status, err.code) == (status, code)
     assert ("Retry-After" in err.headers) == retry
+    # A 503 is the cluster's trouble, not the request's: the client may retry it.
+    assert err.type == ("server_error" if status >= 500 else "invalid_request_error")
+
+
+class _Link:
+    """A link to ``peer`` whose control call answers what ``answers[peer]`` says."""
+
+    def __init__(self, peer: str, answers: dict[str, object], asked: list[str]) -> None:
+        self.peer, self.answers, self.asked = peer, answers, asked
+
+    async def call(self, method: str, body: bytes, timeout: float) -> bytes:  # noqa: ASYNC109
+        assert method == CONTROL_METHOD
+        self.asked.append(self.peer)
+        return REPLY_CODEC.encode(self.answers[self.peer])  # type: ignore[arg-type]
+
+
+async def test_a_placement_the_leader_could_not_persist_is_asked_again_of_the_next_leader(
+    autojump_clock: Any,
+) -> None:
+    """A leader whose Raft storage failed (its disk is full) refuses ``unavailable`` and stops
+    leading; within its deadline the asker asks the leader elected next, under the same
+    idempotency key, instead of answering the client 503 at once."""
+    answers: dict[str, object] = {
+        "old": ControlRefused("unavailable", "the cluster cannot commit now: disk_full"),
+        "new": Placed("i1", existed=False),
+    }
+    asked: list[str] = []
+    driver = SimpleNamespace(leader="old", state=State(), applied=0)
+
+    async def wait_applied(seen: int) -> None:
+        driver.leader = "new"  # the others elect a leader meanwhile
+        await trio.sleep(0.5)
+
+    driver.wait_applied = wait_applied
+    mesh: Any = SimpleNamespace(link=lambda peer: _Link(peer, answers, asked))
+    consensus: Any = SimpleNamespace(driver=driver)
+    asker = ClusterControl("me", consensus, mesh, dict, card_for=lambda name: None)  # type: ignore[arg-type,return-value]
+    ask = PlacementAsk("m", "single", (), (), 1, None, False, False, key="k1")
+    reply = await asker.ask(ask)
+    assert reply == Placed("i1", existed=False)
+    assert asked[0] == "old" and asked[-1] == "new"
+
+
+async def test_a_removal_the_leader_could_not_persist_is_not_asked_again(
+    autojump_clock: Any,
+) -> None:
+    """Only a keyed placement is safe to ask again: another refusal ``unavailable`` reaches
+    the client (a 503 it may retry)."""
+    refused = ControlRefused("unavailable", "disk_full")
+    asked: list[str] = []
+    driver = SimpleNamespace(leader="old", state=State(), applied=0)
+
+    async def wait_applied(seen: int) -> None:
+        await trio.sleep(0.5)
+
+    driver.wait_applied = wait_applied
+    mesh: Any = SimpleNamespace(link=lambda peer: _Link(peer, {"old": refused}, asked))
+    consensus: Any = SimpleNamespace(driver=driver)
+    asker = ClusterControl("me", consensus, mesh, dict, card_for=lambda name: None)  # type: ignore[arg-type,return-value]
+    assert await asker.ask(RemoveNodeAsk("x")) == refused
+    assert asked == ["old"]

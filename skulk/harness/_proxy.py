@@ -1,4 +1,5 @@
-"""A fault-injecting TCP proxy for the links between nodes: one :class:`LinkProxy` per ordered
+"""A fault-injecting TCP proxy for the links between nodes (chaos runs, the repro of a one-way
+cut): one :class:`LinkProxy` per ordered
 pair (node *a* dials node *b* through it), all served by one Trio thread (:class:`Proxies`).
 
 Each proxy accepts on its own loopback port and forwards to its target; its :class:`LinkMode`
