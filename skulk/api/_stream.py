@@ -39,6 +39,9 @@ _REQUEST_REASONS = {"invalid_request", "unsupported"}
 _DEADLINE_REASONS = {"runner_wedged", "cancel_timeout"}
 #: The node serving the request was lost (link down, node dead): 502, a bad upstream.
 _LOST_REASONS = {"node_unreachable", "route_refused"}
+#: The runner was stopped under the request (its instance deleted or moved, its node shutting
+#: down): not the server's fault nor the request's, and a retry finds another instance.
+_GONE_REASONS = {"runner_stopped"}
 
 Items = AsyncGenerator[str | GenerationEnd, None]
 """One request's generation: text deltas, then one :class:`GenerationEnd`."""
@@ -108,6 +111,10 @@ def failure_error_for(exc: RequestFailure, prompt_param: str) -> ApiError:
         return ApiError(504, message, type="timeout_error", code=exc.reason)
     if exc.reason in _LOST_REASONS:
         return ApiError(502, message, type="server_error", code=exc.reason)
+    if exc.reason in _GONE_REASONS:
+        err = ApiError.unavailable(message, code=exc.reason)
+        err.headers = {"Retry-After": "1"}
+        return err
     return ApiError.server_error(message, code=exc.reason)
 
 

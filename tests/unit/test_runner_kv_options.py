@@ -64,3 +64,13 @@ def test_budget_refusals_are_a_429_and_a_400_naming_max_tokens() -> None:
     assert full.status == 429 and full.headers == {"Retry-After": "1"}
     big = failure_error_for(RequestFailure("max_tokens_too_large", "at most 54"), "messages")
     assert big.status == 400 and big.param == "max_tokens" and big.code == "max_tokens_too_large"
+
+
+def test_a_runner_stopped_under_a_request_is_a_503_to_retry_not_a_500() -> None:
+    """Its instance was deleted or moved, or its node is shutting down: not the server's
+    fault nor the request's, and a retry finds another instance."""
+    gone = failure_error_for(RequestFailure("runner_stopped", "the runner was stopped"), "prompt")
+    assert gone.status == 503 and gone.code == "runner_stopped"
+    assert gone.headers == {"Retry-After": "1"} and gone.type == "server_error"
+    crashed = failure_error_for(RequestFailure("runner_crashed", "exit 1"), "prompt")
+    assert crashed.status == 500  # a crash is ours
