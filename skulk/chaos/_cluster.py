@@ -106,6 +106,9 @@ class ChaosNode:
         self.paused = False
         self.killed = False
         self.starts = 0
+        #: Held by a fault from its injection until it healed (a restart included, which may
+        #: take longer than the schedule thought): the next fault on this node waits for it.
+        self.faulted = threading.Lock()
         self._node_id = ""
 
     @property

@@ -91,7 +91,6 @@ def _apply(
 ) -> None:
     """Inject ``event``, wait its duration, heal it; recorded in ``history``."""
     start = time.monotonic()
-    problem = ""
     if event.kind in LINK_KINDS:
         amount = f" ({event.amount:g})" if event.amount else ""
         log(f"t+{event.at:6.1f}s  {event.kind}{amount} link {event.node}->{event.peer} "
@@ -104,7 +103,9 @@ def _apply(
         history.heal(index, time.monotonic())
         return
     if event.kind in CLOCK_KINDS + DISK_KINDS:
-        _apply_to_home(cluster.node(event.node), event, history, log)
+        node = cluster.node(event.node)
+        with node.faulted:
+            _apply_to_home(node, event, history, log)
         return
     target = event.node or cluster.leader()
     if target is None:
@@ -112,6 +113,21 @@ def _apply(
         history.fault(FaultRecord(event.kind, 0, start, start, "no leader to fault"))
         return
     node = cluster.node(target)
+    with node.faulted:  # a restart may outlast its scheduled heal: the next fault waits
+        _apply_to_process(cluster, node, event, history, log)
+
+
+def _apply_to_process(
+    cluster: ChaosCluster,
+    node: ChaosNode,
+    event: FaultEvent,
+    history: History,
+    log: Callable[[str], None],
+) -> None:
+    """A kill or a pause of ``node``'s process, healed (restarted or continued)."""
+    start = time.monotonic()
+    problem = ""
+    target = node.index
     who = f"node {target}" + ("" if event.node else " (the leader)")
     log(f"t+{event.at:6.1f}s  {event.kind} {who} for {event.duration:.1f}s")
     if event.kind == "kill":

@@ -61,8 +61,10 @@ class NodeProcess:
         threading.Thread(target=self._pump, daemon=True).start()
         if not self._url_seen.wait(START_DEADLINE):
             self._dump_stacks()
+            code = self.proc.poll()
             self.stop()
-            raise AssertionError("server never listened:\n" + self.log())
+            how = "still running" if code is None else f"exited with {code}"
+            raise AssertionError(f"server never listened ({how}):\n" + self.log())
         if wait_ready:
             self.wait_ready()
         return self
