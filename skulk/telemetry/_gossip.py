@@ -80,6 +80,9 @@ class GossipStatistics:
     samples_failed: int
     expired: int
     peers_learned: int
+    #: bytes of the digest / push frames queued on links (encoded link frames)
+    digest_bytes_sent: int
+    push_bytes_sent: int
 
 
 class TelemetryGossip:
@@ -116,6 +119,7 @@ class TelemetryGossip:
         self._sends_busy = self._sends_unreachable = self._sends_failed = 0
         self._frames_failed = self._samples_failed = self._expired = 0
         self._learned = 0
+        self._digest_bytes = self._push_bytes = 0
         # node id -> when its entry was last refreshed here, for entries since expired (so a
         # dead node's row still says how long it has been silent); at most max_forgotten
         self._last_seen: dict[str, float] = {}
@@ -191,6 +195,8 @@ class TelemetryGossip:
             samples_failed=self._samples_failed,
             expired=self._expired,
             peers_learned=self._learned,
+            digest_bytes_sent=self._digest_bytes,
+            push_bytes_sent=self._push_bytes,
         )
 
     # ---- the round ----
@@ -307,7 +313,7 @@ class TelemetryGossip:
     def _send(self, link: Link, frame: TelemetryFrame) -> None:
         """Queue ``frame`` on ``link``; skip the peer this time if it is busy or gone."""
         try:
-            link.send_telemetry_nowait(frame)
+            size = link.send_telemetry_nowait(frame)
         except LinkBusy:
             self._sends_busy += 1
             log.debug("telemetry: link to %s busy; skipped", quote(link.peer_id))
@@ -322,5 +328,7 @@ class TelemetryGossip:
             return
         if isinstance(frame, TelemetryPush):
             self._pushes_sent += 1
+            self._push_bytes += size
         else:
             self._digests_sent += 1
+            self._digest_bytes += size

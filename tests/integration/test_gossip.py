@@ -131,6 +131,9 @@ async def test_three_nodes_converge_and_a_dead_node_expires() -> None:
         for node in (a, b, c):
             stats = node.gossip.statistics()
             assert stats.digests_sent > 0 and stats.pushes_received > 0
+            # bytes counted per frame sent: a digest is small, a push carries readings
+            assert stats.digest_bytes_sent >= 10 * stats.digests_sent
+            assert stats.push_bytes_sent > 100 * stats.pushes_sent > 0
             assert stats.frames_failed == stats.samples_failed == 0
         # Peers keep publishing: their seq goes up on the others.
         seen = rows(a)["node-b"]["seq"]
