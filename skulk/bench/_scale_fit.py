@@ -3,8 +3,10 @@ extrapolation (pure: numbers in, numbers out; ``python -m skulk.bench scale`` fe
 
 Each figure measured at sizes ``N`` (say 3, 5, 10, 20 nodes) is fitted as ``y = a + b·f(N)`` for
 every growth model ``f`` in :data:`MODELS` (``log N``, ``N``, ``N log N``, ``N²``); the model
-with the smallest squared error wins (a tie goes to the slower-growing one, listed first), and
-says what the figure would be at 100 and 1000 nodes. Alongside, :func:`growth_exponent` fits
+with the smallest squared error wins and says what the figure would be at 100 and 1000 nodes.
+A tie (two sizes only, or a flat figure) goes to the faster-growing model: for capacity
+planning an overestimate is the safer mistake. Extrapolations are clamped at 0 (a noisy
+falling time or size does not go negative). Alongside, :func:`growth_exponent` fits
 ``y = c·N^k`` on log-log axes: ``k`` near 1 is linear growth, near 2 quadratic, near 0 flat —
 the number that tells whether something grows faster than linearly, whichever model wins.
 
@@ -62,7 +64,7 @@ class Fit:
             "exponent": None if self.exponent is None else round(self.exponent, 3),
             "at": {str(n): _round(v) for n, v in self.extrapolated.items()},
             "candidates": {
-                c.name: {str(n): _round(c.at(n)) for n in self.extrapolated}
+                c.name: {str(n): _round(max(0.0, c.at(n))) for n in self.extrapolated}
                 for c in self.candidates
             },
         }
@@ -92,8 +94,8 @@ def fit(
     sizes: Sequence[float], values: Sequence[float], extrapolate: Sequence[int] = (100, 1000)
 ) -> Fit:
     """Fit every model of :data:`MODELS` to ``values`` measured at ``sizes``; the best one (the
-    least squared error, the slower-growing model on a tie) extrapolated to ``extrapolate``.
-    Needs at least two distinct sizes."""
+    least squared error, the faster-growing model on a tie) extrapolated to ``extrapolate``
+    (at least 0). Needs at least two distinct sizes."""
     if len(sizes) != len(values):
         raise ValueError(f"{len(sizes)} sizes but {len(values)} values")
     if len(set(sizes)) < 2:
@@ -103,7 +105,7 @@ def fit(
     candidates = tuple(fit_model(name, sizes, values) for name in MODELS)
     # A relative tolerance: fits within 1e-9 of the best are ties (exact data, rounding).
     least = min(c.sse for c in candidates)
-    best = next(c for c in candidates if c.sse <= least + 1e-9 * (1 + least))
+    best = next(c for c in reversed(candidates) if c.sse <= least + 1e-9 * (1 + least))
     y = np.array(values, dtype=float)
     total = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 if total == 0 else 1.0 - best.sse / total
@@ -112,7 +114,7 @@ def fit(
         candidates,
         growth_exponent(sizes, values),
         r2,
-        {n: best.at(n) for n in extrapolate},
+        {n: max(0.0, best.at(n)) for n in extrapolate},
     )
 
 

@@ -1,6 +1,6 @@
 """The scaling benchmark's fits (sans-IO): each growth model recovers exact data of its own
 shape and extrapolates it, the log-log exponent tells linear from quadratic growth, ties go to
-the slower-growing model, and bad input is refused."""
+the faster-growing model, nothing extrapolates below zero, and bad input is refused."""
 
 from __future__ import annotations
 
@@ -33,11 +33,24 @@ def test_the_exponent_tells_linear_from_quadratic_growth() -> None:
     assert growth_exponent((5, 5), [1.0, 2.0]) is None
 
 
-def test_a_flat_figure_ties_and_the_slowest_model_wins() -> None:
+def test_a_flat_figure_ties_and_extrapolates_flat() -> None:
     got = fit(SIZES, [42.0] * 4)
-    assert got.best.name == "log"  # every model fits a constant exactly (b = 0)
+    assert got.best.name == "quadratic"  # every model fits a constant exactly (b = 0)
+    assert got.best.b == pytest.approx(0.0, abs=1e-9)
     assert got.extrapolated[1000] == pytest.approx(42.0)
     assert got.r2 == 1.0
+
+
+def test_two_sizes_tie_and_the_fastest_growing_model_wins() -> None:
+    got = fit((3, 5), [10.0, 20.0])  # every two-parameter model passes through two points
+    assert got.best.name == "quadratic"
+    assert got.extrapolated[100] > fit_model("linear", (3, 5), [10.0, 20.0]).at(100)
+
+
+def test_a_falling_figure_is_not_extrapolated_below_zero() -> None:
+    got = fit(SIZES, [9.0, 7.0, 4.0, 1.0])
+    assert got.extrapolated[1000] == 0.0
+    assert all(v >= 0 for c in got.as_dict()["candidates"].values() for v in c.values())  # type: ignore[attr-defined]
 
 
 def test_noisy_quadratic_data_still_picks_a_superlinear_model() -> None:
