@@ -16,7 +16,7 @@ skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]
 [--rounds N] [--fanout] [--no-peer-fetch]`` and ``python -m skulk.bench blas [--json]
 [--rounds N] [--prompt-tokens N]`` and ``python -m skulk.bench scale [--json]
 [--sizes 3,5,10,20] [--phase S] [--rate N] [--settle S] [--extrapolate 100,1000]
-[--home DIR]``."""
+[--home DIR] [--gossip-fanout N]``."""
 
 from __future__ import annotations
 
@@ -156,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         "--extrapolate", type=_ints, default=(100, 1000), help="sizes to extrapolate to"
     )
     scale.add_argument("--home", type=Path, default=None, help="work dir (default: a temp one)")
+    scale.add_argument(
+        "--gossip-fanout",
+        type=int,
+        default=None,
+        help="the nodes' --gossip-fanout (0: every peer, as before it was bounded)",
+    )
     args = parser.parse_args(argv)
     if args.bench == "scale":
         return _scale(args)
@@ -321,6 +327,7 @@ def _scale(args: argparse.Namespace) -> int:
         settle=args.settle,
         extrapolate=args.extrapolate,
         home=args.home,
+        gossip_fanout=args.gossip_fanout,
     )
     return _emit(run(settings), args.json, table)
 

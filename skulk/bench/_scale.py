@@ -31,6 +31,8 @@ from pathlib import Path
 
 import attrs
 
+from skulk.telemetry import DEFAULT_FANOUT
+
 from ._scale_fit import fit
 from ._scale_mesh import PlacementLoad, ScaleMesh
 from ._scale_metrics import FIGURES, node_figures, summarize
@@ -53,11 +55,17 @@ class Settings:
     settle: float = 5.0
     extrapolate: tuple[int, ...] = (100, 1000)
     home: Path | None = None
+    #: the nodes' ``--gossip-fanout`` (``None``: their default)
+    gossip_fanout: int | None = None
+
+    def node_args(self) -> tuple[str, ...]:
+        fanout = self.gossip_fanout
+        return () if fanout is None else ("--gossip-fanout", str(fanout))
 
 
 def measure_size(root: Path, models: Path, count: int, settings: Settings) -> dict[str, object]:
     """One mesh of ``count`` nodes: its start, then each phase's summary."""
-    mesh = ScaleMesh(root / f"mesh{count}", models, count)
+    mesh = ScaleMesh(root / f"mesh{count}", models, count, settings.node_args())
     (root / f"mesh{count}").mkdir()
     run: dict[str, object] = {"nodes": count}
     try:
@@ -138,6 +146,9 @@ def run(settings: Settings) -> dict[str, object]:
         "phase_s": settings.phase,
         "placements_per_min": settings.rate,
         "settle_s": settings.settle,
+        "gossip_fanout": DEFAULT_FANOUT
+        if settings.gossip_fanout is None
+        else settings.gossip_fanout,
         "cpu_count": os.cpu_count(),
         "figures": {name: {"unit": u, "what": w} for name, (u, w) in FIGURES.items()},
         "runs": runs,

@@ -38,18 +38,22 @@ START_WORKERS = 4
 class ScaleMesh:
     """``count`` nodes under ``root`` (see the module doc)."""
 
-    def __init__(self, root: Path, models: Path, count: int) -> None:
+    def __init__(
+        self, root: Path, models: Path, count: int, node_args: tuple[str, ...] = ()
+    ) -> None:
+        """``node_args``: more ``skulk serve`` options for every node."""
         self.nodes: list[NodeProcess] = []
         self._root = root
         self._models = models
         self._count = count
+        self._node_args = node_args
 
     def _node(self, index: int, *join: str) -> NodeProcess:
         home = self._root / f"node{index}"
         home.mkdir()
         (home / "models").symlink_to(self._models)
         joins = [a for url in join for a in ("--join", url)]
-        args = ("--model", "none", "--log-level", "warning", *joins)
+        args = ("--model", "none", "--log-level", "warning", *self._node_args, *joins)
         return NodeProcess(home, *args, env={"SKULK_CLUSTER_SECRET": SECRET}, keep=200)
 
     def start(self) -> None:

@@ -30,7 +30,8 @@ def table(result: dict[str, Any]) -> str:
     sizes = [r["nodes"] for r in runs]
     console.print(
         f"bench scale: sizes {sizes}, {result['phase_s']} s a phase, load "
-        f"{result['placements_per_min']} placements/min, {result['cpu_count']} CPUs"
+        f"{result['placements_per_min']} placements/min, gossip fan-out "
+        f"{result['gossip_fanout'] or 'every peer'}, {result['cpu_count']} CPUs"
     )
     for r in runs:
         console.print(

@@ -16,7 +16,7 @@ from skulk.bench._scale_metrics import FIGURES
 
 def test_bench_scale_at_two_and_three_nodes(tmp_path: Path) -> None:
     args = ["--json", "--sizes", "2,3", "--phase", "3", "--rate", "60", "--settle", "1",
-            "--extrapolate", "100,1000", "--home", str(tmp_path)]  # fmt: skip
+            "--extrapolate", "100,1000", "--home", str(tmp_path), "--gossip-fanout", "1"]  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-m", "skulk.bench", "scale", *args],
         capture_output=True,
@@ -26,6 +26,7 @@ def test_bench_scale_at_two_and_three_nodes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
     assert out["benchmark"] == "scale" and out["sizes"] == [2, 3]
+    assert out["gossip_fanout"] == 1
     assert set(out["figures"]) == set(FIGURES)
     assert [r["nodes"] for r in out["runs"]] == [2, 3]
     for r in out["runs"]:
