@@ -23,11 +23,13 @@ of N processes on few cores (``cpu_count`` is in the result), bytes and sizes do
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -63,11 +65,11 @@ class Settings:
         return () if fanout is None else ("--gossip-fanout", str(fanout))
 
 
-def measure_size(root: Path, models: Path, count: int, settings: Settings) -> dict[str, object]:
+def measure_size(root: Path, models: Path, count: int, settings: Settings) -> dict[str, Any]:
     """One mesh of ``count`` nodes: its start, then each phase's summary."""
     mesh = ScaleMesh(root / f"mesh{count}", models, count, settings.node_args())
     (root / f"mesh{count}").mkdir()
-    run: dict[str, object] = {"nodes": count}
+    run: dict[str, Any] = {"nodes": count}
     try:
         started = time.monotonic()
         mesh.start()
@@ -91,18 +93,16 @@ def measure_size(root: Path, models: Path, count: int, settings: Settings) -> di
     return run
 
 
-def fits(runs: Sequence[dict[str, object]], extrapolate: Sequence[int]) -> dict[str, object]:
+def fits(runs: Sequence[dict[str, Any]], extrapolate: Sequence[int]) -> dict[str, Any]:
     """Per phase and figure: the fit of its per-node ``mean`` and ``max`` against N."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for phase in PHASES:
         per_figure: dict[str, object] = {}
         for name in FIGURES:
             entry: dict[str, object] = {}
             for stat in ("mean", "max"):
                 points = [
-                    (int(r["nodes"]), v)  # type: ignore[call-overload]
-                    for r in runs
-                    if (v := r[phase][name][stat]) is not None  # type: ignore[index]
+                    (int(r["nodes"]), v) for r in runs if (v := r[phase][name][stat]) is not None
                 ]
                 if len({n for n, _ in points}) >= 2:
                     sizes, values = zip(*points, strict=True)
@@ -112,18 +112,33 @@ def fits(runs: Sequence[dict[str, object]], extrapolate: Sequence[int]) -> dict[
     return out
 
 
-def verdict(fitted: dict[str, object], extrapolate: Sequence[int]) -> dict[str, object]:
-    """Whether gossip bytes per node grow at most linearly (the log-log exponent of the mean,
-    idle), and the busiest node's link traffic under load at each extrapolated size, as a
-    share of a 1 Gbit/s link."""
-    idle, load = fitted["idle"], fitted["load"]
-    gossip = idle["gossip_bytes_per_s"].get("mean", {})  # type: ignore[index]
-    exponent = gossip.get("exponent")
-    busiest = load["link_bytes_per_s"].get("max", {})  # type: ignore[index]
-    at = busiest.get("at", {})
+def tail_exponent(runs: Sequence[dict[str, Any]], phase: str, name: str) -> float | None:
+    """The growth exponent of ``name``'s per-node mean between the two largest sizes (what the
+    extrapolation continues; the small sizes may grow differently, e.g. while a bounded gossip
+    fan-out still reaches every peer); ``None`` with fewer than two sizes or a value <= 0."""
+    points = sorted((int(r["nodes"]), r[phase][name]["mean"]) for r in runs)
+    if len(points) < 2:
+        return None
+    (n0, y0), (n1, y1) = points[-2], points[-1]
+    if y0 is None or y1 is None or y0 <= 0 or y1 <= 0 or n0 == n1:
+        return None
+    return round(math.log(y1 / y0) / math.log(n1 / n0), 3)
+
+
+def verdict(
+    fitted: dict[str, Any], runs: Sequence[dict[str, Any]], extrapolate: Sequence[int]
+) -> dict[str, object]:
+    """Whether gossip bytes per node grow at most linearly (the exponent of the idle mean
+    between the two largest sizes; ``gossip_exponent`` is the log-log slope over every size),
+    and the busiest node's link traffic under load at each extrapolated size, as a share of a
+    1 Gbit/s link."""
+    gossip = fitted["idle"]["gossip_bytes_per_s"].get("mean", {})
+    tail = tail_exponent(runs, "idle", "gossip_bytes_per_s")
+    at = fitted["load"]["link_bytes_per_s"].get("max", {}).get("at", {})
     return {
-        "gossip_exponent": exponent,
-        "gossip_at_most_linear": None if exponent is None else exponent <= LINEAR_SLACK,
+        "gossip_exponent": gossip.get("exponent"),
+        "gossip_tail_exponent": tail,
+        "gossip_at_most_linear": None if tail is None else tail <= LINEAR_SLACK,
         "busiest_link_bytes_per_s": {str(n): at.get(str(n)) for n in extrapolate},
         "share_of_1gbit": {
             str(n): None if at.get(str(n)) is None else round(at[str(n)] / GIGABIT, 4)
@@ -153,5 +168,5 @@ def run(settings: Settings) -> dict[str, object]:
         "figures": {name: {"unit": u, "what": w} for name, (u, w) in FIGURES.items()},
         "runs": runs,
         "fits": fitted,
-        "verdict": verdict(fitted, settings.extrapolate),
+        "verdict": verdict(fitted, runs, settings.extrapolate),
     }

@@ -58,7 +58,8 @@ def table(result: dict[str, Any]) -> str:
         console.print(grid)
     v = result["verdict"]
     console.print(
-        f"gossip bytes/s per node (idle mean) grow as N^{_num(v['gossip_exponent'])}: "
+        f"gossip bytes/s per node (idle mean) grow as N^{_num(v['gossip_exponent'])} over "
+        f"every size, N^{_num(v['gossip_tail_exponent'])} between the two largest: "
         f"{'at most linear' if v['gossip_at_most_linear'] else 'FASTER THAN LINEAR'}"
     )
     for n, share in v["share_of_1gbit"].items():

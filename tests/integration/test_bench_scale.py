@@ -57,6 +57,7 @@ def test_bench_scale_at_two_and_three_nodes(tmp_path: Path) -> None:
     verdict = out["verdict"]
     assert set(verdict["share_of_1gbit"]) == {"100", "1000"}
     assert isinstance(verdict["gossip_at_most_linear"], bool)
+    assert isinstance(verdict["gossip_tail_exponent"], float)
     # the nodes were stopped: none of the data dirs' nodes is still running
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
