@@ -85,7 +85,9 @@ def measure_size(root: Path, models: Path, count: int, settings: Settings) -> di
             time.sleep(settings.phase)
             after = mesh.scrape_all()
             if load is not None:
-                run["placements"] = attrs.asdict(load.stop())
+                counts = attrs.asdict(load.stop())
+                counts["per_min"] = round(counts["placed"] * 60 / settings.phase, 1)
+                run["placements"] = counts
             nodes = [node_figures(b, a) for b, a in zip(before, after, strict=True)]
             run[phase] = summarize(nodes)
     finally:

@@ -16,7 +16,8 @@ from skulk.bench._scale_metrics import FIGURES
 
 def test_bench_scale_at_two_and_three_nodes(tmp_path: Path) -> None:
     args = ["--json", "--sizes", "2,3", "--phase", "3", "--rate", "60", "--settle", "1",
-            "--extrapolate", "100,1000", "--home", str(tmp_path), "--gossip-fanout", "1"]  # fmt: skip
+            "--extrapolate", "100,1000", "--home", str(tmp_path),
+            "--gossip-fanout", "1"]  # fmt: skip
     result = subprocess.run(
         [sys.executable, "-m", "skulk.bench", "scale", *args],
         capture_output=True,
@@ -45,6 +46,7 @@ def test_bench_scale_at_two_and_three_nodes(tmp_path: Path) -> None:
             assert figures["rss_mib"]["min"] > 10
         # placements commit entries: applied on every node while the load runs
         assert r["placements"]["placed"] >= 1 and r["placements"]["errors"] == 0
+        assert r["placements"]["per_min"] > 0
         assert r["load"]["entries_per_s"]["min"] > 0
         assert r["load"]["apply_us_per_entry"]["max"] is not None
         assert r["load"]["raft_append_bytes_per_s"]["leader"] > 0
