@@ -235,7 +235,12 @@ async def serve(
             store=duties.store_reading(),
         )
 
-    gossip = TelemetryGossip(mesh, TelemetryStore(node_id, next_epoch(config.home)), sample)
+    gossip = TelemetryGossip(
+        mesh,
+        TelemetryStore(node_id, next_epoch(config.home)),
+        sample,
+        fanout=config.gossip_fanout,
+    )
     control = ClusterControl(
         node_id,
         consensus,

@@ -8,7 +8,7 @@ else ``skulk:`` names of our own. docs/operations.md ("Monitoring") lists them a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import trio
@@ -150,6 +150,14 @@ class DriverStats(Protocol):
     def proposals(self) -> int: ...
     @property
     def disk_failures(self) -> int: ...
+    @property
+    def entries_applied(self) -> int: ...
+    @property
+    def apply_seconds(self) -> float: ...
+    @property
+    def snapshots(self) -> int: ...
+    @property
+    def snapshot_seconds(self) -> float: ...
 
 
 def consensus_families(statistics: Callable[[], DriverStats]) -> Iterator[Metric]:
@@ -184,11 +192,49 @@ def consensus_families(statistics: Callable[[], DriverStats]) -> Iterator[Metric
         (),
         [((), float(s.disk_failures))],
     )
+    yield counter(
+        "skulk:raft_entries_applied",
+        "Committed entries applied to the State here.",
+        (),
+        [((), float(s.entries_applied))],
+    )
+    yield counter(
+        "skulk:raft_apply_seconds",
+        "Seconds applying committed entries to the State took here.",
+        (),
+        [((), s.apply_seconds)],
+    )
+    yield counter("skulk:raft_snapshots", "Log compactions here.", (), [((), float(s.snapshots))])
+    yield counter(
+        "skulk:raft_snapshot_seconds",
+        "Seconds making the snapshot images of those compactions took.",
+        (),
+        [((), s.snapshot_seconds)],
+    )
     yield gauge(
         "skulk:raft_healthy",
         "1 while this node's Raft storage works.",
         (),
         [((), float(s.healthy))],
+    )
+
+
+class TransportStats(Protocol):
+    """What :func:`raft_transport_families` reads of the Raft transport's statistics."""
+
+    @property
+    def bytes_sent(self) -> Mapping[str, int]: ...
+
+
+def raft_transport_families(statistics: Callable[[], TransportStats]) -> Iterator[Metric]:
+    """Bytes of the Raft messages this node queued on its links, by message kind (``append``:
+    AppendEntries carrying entries; ``heartbeat``: without; ``append_reply``, ``vote``,
+    ``snapshot``, ``timeout_now``)."""
+    yield counter(
+        "skulk:raft_sent_bytes",
+        "Bytes of the Raft messages this node sent, by message kind.",
+        ("message",),
+        [((kind,), float(n)) for kind, n in sorted(statistics().bytes_sent.items())],
     )
 
 
@@ -224,8 +270,13 @@ def gossip_families(gossip: TelemetryGossip) -> Iterator[Metric]:
         ("node",),
         ages,
     )
+    stats = gossip.statistics()
+    yield counter("skulk:gossip_rounds", "Gossip rounds.", (), [((), float(stats.rounds))])
     yield counter(
-        "skulk:gossip_rounds", "Gossip rounds.", (), [((), float(gossip.statistics().rounds))]
+        "skulk:gossip_sent_bytes",
+        "Bytes of the telemetry frames this node sent: digests and pushes (entries).",
+        ("frame",),
+        [(("digest",), float(stats.digest_bytes_sent)), (("push",), float(stats.push_bytes_sent))],
     )
 
 

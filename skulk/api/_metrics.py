@@ -5,7 +5,8 @@ Like every route but ``/health`` it needs the API key when keys are set (Prometh
 with ``authorization: {credentials: …}`` in its scrape config, as ``Authorization: Bearer``).
 The families read at scrape time from this node's parts are in
 :mod:`skulk.api._metric_sources`; :func:`install_metrics_route` sets the sources the app
-itself knows of (engine and runners, Raft, links, gossip, the State), ``skulk.serve`` the
+itself knows of (engine and runners, Raft and its traffic, links, gossip, the State
+and its size (:mod:`skulk.api._state_cost`)), ``skulk.serve`` the
 others (routing, weight transfers).
 """
 
@@ -21,9 +22,11 @@ from skulk.api._metric_sources import (
     control_families,
     gossip_families,
     link_families,
+    raft_transport_families,
     service_families,
 )
 from skulk.api._node_routes import LocalServices
+from skulk.api._state_cost import StateCostSource
 from skulk.cluster import State
 from skulk.consensus import ConsensusService
 from skulk.control import ClusterControl
@@ -47,12 +50,16 @@ def install_metrics_route(
     metrics.set_source("services", partial(service_families, local))
     if consensus is not None:
         metrics.set_source("raft", partial(consensus_families, consensus.driver.statistics))
+        metrics.set_source(
+            "raft_transport", partial(raft_transport_families, consensus.transport.statistics)
+        )
     if cluster is not None:
         metrics.set_source("links", partial(link_families, cluster.links))
     if gossip is not None:
         metrics.set_source("gossip", partial(gossip_families, gossip))
     if control is not None:
         metrics.set_source("state", partial(control_families, control))
+        metrics.set_source("state_cost", StateCostSource(control))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

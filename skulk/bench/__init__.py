@@ -12,7 +12,10 @@ Nothing in Skulk imports this package: it is a developer tool above what it driv
 - ``raft`` (``_raft``, replicas in ``_raftnode``): Skulk's Raft against PySyncObj;
 - ``cluster`` (``_cluster``): the remote hop, failover and placement; ``placement``
   (``_placement``): the planner on simulated nodes;
-- ``spec`` (``_spec``): n-gram speculative decoding against plain decoding.
+- ``spec`` (``_spec``): n-gram speculative decoding against plain decoding;
+- ``scale`` (``_scale``, with ``_scale_mesh``, ``_scale_metrics``, ``_scale_fit``,
+  ``_scale_table``): the control plane's cost per node at several mesh sizes, fitted and
+  extrapolated to 100 and 1000 nodes.
 """
 
 __all__: list[str] = []

@@ -14,7 +14,9 @@ skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
 [--batch-mib N] [--holder-dials]`` and ``python -m skulk.bench models [--json] [--mib N]
 [--rounds N] [--fanout] [--no-peer-fetch]`` and ``python -m skulk.bench blas [--json]
-[--rounds N] [--prompt-tokens N]``."""
+[--rounds N] [--prompt-tokens N]`` and ``python -m skulk.bench scale [--json]
+[--sizes 3,5,10,20] [--phase S] [--rate N] [--settle S] [--extrapolate 100,1000]
+[--home DIR] [--gossip-fanout N]``."""
 
 from __future__ import annotations
 
@@ -140,7 +142,29 @@ def main(argv: list[str] | None = None) -> int:
     blas.add_argument("--json", action="store_true", help="print only the JSON result")
     blas.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     blas.add_argument("--prompt-tokens", type=int, default=512, help="prefill length")
+    scale = sub.add_parser("scale", help="control-plane cost against the number of nodes")
+    scale.add_argument("--json", action="store_true", help="print only the JSON result")
+    scale.add_argument(
+        "--sizes", type=_ints, default=(3, 5, 10, 20), help="nodes per mesh (default 3,5,10,20)"
+    )
+    scale.add_argument("--phase", type=float, default=30.0, help="seconds a phase (default 30)")
+    scale.add_argument(
+        "--rate", type=float, default=100.0, help="load phase: placements a minute (default 100)"
+    )
+    scale.add_argument("--settle", type=float, default=5.0, help="seconds after convergence")
+    scale.add_argument(
+        "--extrapolate", type=_ints, default=(100, 1000), help="sizes to extrapolate to"
+    )
+    scale.add_argument("--home", type=Path, default=None, help="work dir (default: a temp one)")
+    scale.add_argument(
+        "--gossip-fanout",
+        type=int,
+        default=None,
+        help="the nodes' --gossip-fanout (0: every peer, as before it was bounded)",
+    )
     args = parser.parse_args(argv)
+    if args.bench == "scale":
+        return _scale(args)
     if args.bench == "blas":
         from skulk.bench._blas import main as run_blas
 
@@ -288,6 +312,24 @@ def _emit(
         print(table(result))
         print(json.dumps(result, indent=2))
     return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from skulk.bench._scale import Settings, run
+    from skulk.bench._scale_table import table
+
+    if any(n < 2 for n in args.sizes) or not args.phase > 0 or not args.rate > 0:
+        raise SystemExit("--sizes need 2 nodes or more; --phase and --rate must be > 0")
+    settings = Settings(
+        sizes=args.sizes,
+        phase=args.phase,
+        rate=args.rate,
+        settle=args.settle,
+        extrapolate=args.extrapolate,
+        home=args.home,
+        gossip_fanout=args.gossip_fanout,
+    )
+    return _emit(run(settings), args.json, table)
 
 
 def _spec(args: argparse.Namespace) -> int:

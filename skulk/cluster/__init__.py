@@ -57,7 +57,15 @@ from ._placement import (
     plan,
 )
 from ._ports import MAX_COMPUTE_PORTS, usable_compute_ports
-from ._state import KEY_MAX_LENGTH, KEYS_KEPT, Instance, KeyedAsk, State, state_hash
+from ._state import (
+    KEY_MAX_LENGTH,
+    KEYS_KEPT,
+    Instance,
+    KeyedAsk,
+    State,
+    canonical_bytes,
+    state_hash,
+)
 
 __all__ = [
     "COMMAND_CODEC",
@@ -88,6 +96,7 @@ __all__ = [
     "UnsupportedSharding",
     "addresses_in_use",
     "apply",
+    "canonical_bytes",
     "choose_downloader",
     "culprit_nodes",
     "decode_result",

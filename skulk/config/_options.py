@@ -142,6 +142,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("route_affinity_slack", int,
            "how many more of this node's requests the instance a prompt's prefix prefers may "
            "have in flight than the least loaded one before load overrides affinity", _count),
+    Option("gossip_fanout", int,
+           "peers each telemetry gossip round sends its digest to, chosen at random (0: every "
+           "peer; bounding it keeps gossip bytes per node linear in the cluster's size)",
+           _count),
     Option("memory_limit", ByteSize,
            "advertise at most this much memory to placement (512M, 2G, ...): available is "
            "at most the limit less what this node's runners use", _positive_size),

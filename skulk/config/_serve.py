@@ -79,6 +79,8 @@ class ServeConfig:
     # routing among a model's instances (skulk.routing._policy)
     route_policy: str = "prefix"  # or "least-loaded"
     route_affinity_slack: int = 4
+    # telemetry gossip: digests a round sends (0: to every peer; skulk.telemetry.DEFAULT_FANOUT)
+    gossip_fanout: int = 4
     # what this node offers to placement
     memory_limit: int | None = None
     # the model store (<home>/store): at most this many bytes (None: the disk, less a reserve)

@@ -33,6 +33,8 @@ waits for the fsync in flight.
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from ._core import Role
@@ -117,6 +119,10 @@ class RaftDriver(Submitting[S], DriverStorage[S]):
             disk_failures=self._disk_failures,
             reopen_attempts=self._reopens,
             leader_changes=self._leader_changes,
+            entries_applied=self._entries_applied,
+            apply_seconds=self._apply_seconds,
+            snapshot_seconds=self._snapshot_seconds,
+            snapshot_bytes=self._snapshot_bytes,
         )
 
     @property
@@ -263,4 +269,8 @@ class RaftDriver(Submitting[S], DriverStorage[S]):
             if self._compact_due:
                 self._compact_due = False
                 self._snapshots += 1
-                self._step(core, Compact(self._applied, self._sessions.snapshot(self._state)))
+                started = time.perf_counter()
+                image = self._sessions.snapshot(self._state)
+                self._snapshot_seconds += time.perf_counter() - started
+                self._snapshot_bytes = len(image)
+                self._step(core, Compact(self._applied, image))

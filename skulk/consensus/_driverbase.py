@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import math
 import random
+import time
 from collections.abc import Sequence
 from typing import Generic
 
@@ -80,6 +81,8 @@ class DriverBase(Generic[S]):
         self._batches = self._inputs = self._largest = self._persists = self._persisted = 0
         self._sent = self._received = self._proposals = self._forwards = 0
         self._snapshots = self._disk_failures = self._reopens = 0
+        self._entries_applied = self._snapshot_bytes = 0
+        self._apply_seconds = self._snapshot_seconds = 0.0
 
     # ---- stepping ----
 
@@ -145,7 +148,10 @@ class DriverBase(Generic[S]):
             self._applied = restored.meta.index
             self._waiters.retry_through(self._applied)
         if entries:
+            started = time.perf_counter()
             self._state, results = self._sessions.apply_all(self._state, entries)
+            self._apply_seconds += time.perf_counter() - started
+            self._entries_applied += len(entries)
             for entry, result in zip(entries, results, strict=True):
                 self._waiters.committed(entry.index, entry.term, result)
             self._applied = entries[-1].index

@@ -112,3 +112,11 @@ class DriverStatistics:
     reopen_attempts: int
     #: leaders this node came to know: one per term that had a leader here (the first too)
     leader_changes: int = 0
+    #: committed entries applied to the state machine here, and the seconds applying them took
+    #: (the state machine's ``apply`` alone, wall time)
+    entries_applied: int = 0
+    apply_seconds: float = 0.0
+    #: seconds the state machine's ``snapshot`` took for this node's compactions, and the
+    #: size of the last image (bytes; 0 before the first)
+    snapshot_seconds: float = 0.0
+    snapshot_bytes: int = 0

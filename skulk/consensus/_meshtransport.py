@@ -11,7 +11,15 @@ import trio
 from skulk.federation import Link, LinkBusy, Mesh, PeerUnreachable, RpcFailed, RpcTimeout
 from skulk.wire import Codec, WireError
 from skulk.wire.link import LINK_MAX_FRAME_SIZE
-from skulk.wire.raft import RaftPayload
+from skulk.wire.raft import (
+    AppendReply,
+    AppendRequest,
+    RaftPayload,
+    SnapshotChunk,
+    SnapshotReply,
+    VoteReply,
+    VoteRequest,
+)
 
 from ._errors import ForwardFailed, SubmitTimeout
 from ._forwarding import (
@@ -35,6 +43,25 @@ sender and receiver are the link's authenticated ends, so the payload names neit
 margin leaves room for the link frame around it."""
 
 
+MESSAGE_KINDS = ("append", "heartbeat", "append_reply", "vote", "snapshot", "timeout_now")
+"""What :func:`message_kind` names: an AppendRequest carrying entries, one without (a
+heartbeat), an AppendReply, a (pre-)vote request or reply, an InstallSnapshot chunk or reply,
+a TimeoutNow."""
+
+
+def message_kind(payload: RaftPayload) -> str:
+    """The :data:`MESSAGE_KINDS` name of ``payload`` (the transport counts bytes by it)."""
+    if isinstance(payload, AppendRequest):
+        return "append" if payload.entries else "heartbeat"
+    if isinstance(payload, AppendReply):
+        return "append_reply"
+    if isinstance(payload, VoteRequest | VoteReply):
+        return "vote"
+    if isinstance(payload, SnapshotChunk | SnapshotReply):
+        return "snapshot"
+    return "timeout_now"
+
+
 @attrs.frozen
 class MeshTransportStatistics:
     sent: int
@@ -52,6 +79,8 @@ class MeshTransportStatistics:
     readers: int
     forwards: int
     forwards_served: int
+    #: bytes of the raft frames queued on links, by :func:`message_kind`
+    bytes_sent: dict[str, int]
 
 
 class MeshTransport:
@@ -95,6 +124,7 @@ class MeshTransport:
         self._sent = self._received = self._rejected_in = self._dropped_full = 0
         self._no_link = self._busy = self._unencodable = 0
         self._forwards = self._served = self._taken = 0
+        self._bytes_sent: dict[str, int] = dict.fromkeys(MESSAGE_KINDS, 0)
 
     @property
     def node_id(self) -> NodeId:
@@ -123,6 +153,7 @@ class MeshTransport:
             readers=len(self._readers),
             forwards=self._forwards,
             forwards_served=self._served,
+            bytes_sent=dict(self._bytes_sent),
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -148,7 +179,7 @@ class MeshTransport:
             return
         self._watch(link)
         try:
-            link.send_raft_nowait(self._encode(message.payload))
+            size = link.send_raft_nowait(self._encode(message.payload))
         except LinkBusy:
             self._busy += 1
         except PeerUnreachable:
@@ -157,6 +188,7 @@ class MeshTransport:
             self._unencodable += 1
         else:
             self._sent += 1
+            self._bytes_sent[message_kind(message.payload)] += size
             self._unsent.add(link)
 
     def _encode(self, payload: RaftPayload) -> bytes:

@@ -155,10 +155,11 @@ class Link:
 
     # ---- the public topics ----
 
-    def send_raft_nowait(self, body: bytes) -> None:
+    def send_raft_nowait(self, body: bytes) -> int:
         """Queue a raft message; :class:`LinkBusy` if the control queue is full,
-        :class:`PeerUnreachable` if the link is closed, ``FrameTooLarge`` if it is too big."""
-        self._put_nowait(RaftMessage(body=body))
+        :class:`PeerUnreachable` if the link is closed, ``FrameTooLarge`` if it is too big.
+        Returns the size of the frame queued (bytes), for the sender's own counters."""
+        return self._put_nowait(RaftMessage(body=body))
 
     def receive_raft_with(self, handler: Callable[[bytes], None]) -> None:
         """From now on, hand each received raft body to ``handler`` in the link's receive task
@@ -183,11 +184,11 @@ class Link:
         while self._closed is None and self._control_sent < target:
             await self._sent_lot.park()
 
-    def send_telemetry_nowait(self, frame: TelemetryFrame) -> None:
-        """Queue a telemetry frame; errors as for :meth:`send_raft_nowait`."""
-        self._put_nowait(frame)
+    def send_telemetry_nowait(self, frame: TelemetryFrame) -> int:
+        """Queue a telemetry frame; errors and result as for :meth:`send_raft_nowait`."""
+        return self._put_nowait(frame)
 
-    def _put_nowait(self, frame: LinkFrame) -> None:
+    def _put_nowait(self, frame: LinkFrame) -> int:
         encoded = self._codec.encode(frame)
         try:
             accepted = self._outbox.put_control_nowait(encoded)
@@ -195,6 +196,7 @@ class Link:
             raise PeerUnreachable(self._closed) from None
         if not accepted:
             raise LinkBusy(f"control queue to {self.peer_id} is full")
+        return len(encoded)
 
     async def call(self, method: str, body: bytes, timeout: float) -> bytes:  # noqa: ASYNC109
         """Call ``method`` on the peer and return its response body.

@@ -28,13 +28,14 @@ readings; :class:`TransferBoard` the whole models coming onto it (Hub downloads,
 
 from ._epoch import next_epoch
 from ._fetchboard import FetchBoard
-from ._gossip import TelemetryGossip
+from ._gossip import DEFAULT_FANOUT, TelemetryGossip
 from ._readings import sample_readings
 from ._store import TelemetryConfig, TelemetryStore
 from ._transferboard import TransferBoard
 from ._view import TelemetryView
 
 __all__ = [
+    "DEFAULT_FANOUT",
     "FetchBoard",
     "TelemetryConfig",
     "TelemetryGossip",

@@ -9,8 +9,14 @@ driver::
     gossip.nodes_json()  # the body of GET /v1/cluster/nodes
 
 Every ``interval`` seconds the driver publishes a fresh sample (:meth:`TelemetryStore.own`),
-expires entries not refreshed for the store's ``ttl``, and sends the store's digest to every
-peer whose link is up. For each link it reads the link's ``telemetry_inbox``: a digest is
+expires entries not refreshed for the store's ``ttl``, and sends the store's digest to
+``fanout`` peers whose link is up, chosen at random each round (every such peer when there are
+no more; ``fanout=0``: always every peer). Bounding the fan-out keeps a node's gossip bytes
+linear in the number of nodes: a digest names every node and its answer carries every entry
+the asker lacks, so sending to all N-1 peers each round costs each node O(N²) bytes a round
+(measured: docs/scaling.md). An entry still reaches every node within a few rounds (epidemic
+spread: about log(N) / log(2·fanout + 1)), since every node also answers the digests others
+send it. For each link it reads the link's ``telemetry_inbox``: a digest is
 answered with the entries the peer lacks (:meth:`TelemetryStore.delta_for`, sent only if not
 empty), followed by our own digest when the peer's names something newer than ours
 (:meth:`TelemetryStore.needs`), so one exchange pulls both ways; a push is merged
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -58,6 +65,10 @@ from ._store import TelemetryStore
 
 log = logging.getLogger("skulk.telemetry.gossip")
 
+DEFAULT_FANOUT = 4
+"""Peers a round sends its digest to (``--gossip-fanout``): a cluster of up to five nodes
+gossips with every peer each round, a larger one with four of them."""
+
 
 @attrs.frozen
 class GossipStatistics:
@@ -80,6 +91,11 @@ class GossipStatistics:
     samples_failed: int
     expired: int
     peers_learned: int
+    #: digests the rounds queued or tried (at most ``fanout`` a round; the rest answered a peer)
+    round_digests: int
+    #: bytes of the digest / push frames queued on links (encoded link frames)
+    digest_bytes_sent: int
+    push_bytes_sent: int
 
 
 class TelemetryGossip:
@@ -99,15 +115,22 @@ class TelemetryGossip:
         sample: Callable[[], NodeReadings],
         *,
         interval: float = 1.0,
+        fanout: int = DEFAULT_FANOUT,
+        rng: random.Random | None = None,
     ) -> None:
         if not (math.isfinite(interval) and interval > 0):
             raise ValueError(f"interval must be finite and > 0 seconds, not {interval!r}")
+        if fanout < 0:
+            raise ValueError(f"fanout must be >= 0 (0: every peer), not {fanout!r}")
         if store.node_id != mesh.node_id:
             raise ValueError(f"store of {store.node_id!r} given to the mesh of {mesh.node_id!r}")
         self._mesh = mesh
         self._store = store
         self._sample = sample
         self._interval = interval
+        self._fanout = fanout
+        self._rng = rng or random.Random()
+        self._round_digests = 0
         self._readers: set[Link] = set()
         self._nursery: trio.Nursery | None = None
         self._started = False
@@ -116,6 +139,7 @@ class TelemetryGossip:
         self._sends_busy = self._sends_unreachable = self._sends_failed = 0
         self._frames_failed = self._samples_failed = self._expired = 0
         self._learned = 0
+        self._digest_bytes = self._push_bytes = 0
         # node id -> when its entry was last refreshed here, for entries since expired (so a
         # dead node's row still says how long it has been silent); at most max_forgotten
         self._last_seen: dict[str, float] = {}
@@ -191,6 +215,9 @@ class TelemetryGossip:
             samples_failed=self._samples_failed,
             expired=self._expired,
             peers_learned=self._learned,
+            round_digests=self._round_digests,
+            digest_bytes_sent=self._digest_bytes,
+            push_bytes_sent=self._push_bytes,
         )
 
     # ---- the round ----
@@ -224,8 +251,13 @@ class TelemetryGossip:
             self._expired += len(gone)
             log.debug("telemetry: expired %s", ", ".join(quote(n) for n in gone))
         digest = self._store.digest()
-        for link in self._open_links():
+        links = self._open_links()
+        for link in links:
             self._watch(link)
+        if 0 < self._fanout < len(links):
+            links = self._rng.sample(links, self._fanout)
+        for link in links:
+            self._round_digests += 1
             self._send(link, digest)
         self._learn_peers()
 
@@ -307,7 +339,7 @@ class TelemetryGossip:
     def _send(self, link: Link, frame: TelemetryFrame) -> None:
         """Queue ``frame`` on ``link``; skip the peer this time if it is busy or gone."""
         try:
-            link.send_telemetry_nowait(frame)
+            size = link.send_telemetry_nowait(frame)
         except LinkBusy:
             self._sends_busy += 1
             log.debug("telemetry: link to %s busy; skipped", quote(link.peer_id))
@@ -322,5 +354,7 @@ class TelemetryGossip:
             return
         if isinstance(frame, TelemetryPush):
             self._pushes_sent += 1
+            self._push_bytes += size
         else:
             self._digests_sent += 1
+            self._digest_bytes += size

@@ -1,4 +1,5 @@
-"""Telemetry gossip over real loopback meshes: three nodes converge, a dead node expires."""
+"""Telemetry gossip over real loopback meshes: three nodes converge, a dead node expires, and
+with a bounded fan-out four nodes still converge while each round sends one digest."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def readings(node_id: str, n: int) -> NodeReadings:
     )
 
 
-EXPECTED = {f"node-{c}": readings(f"node-{c}", n) for n, c in enumerate("abc", start=1)}
+EXPECTED = {f"node-{c}": readings(f"node-{c}", n) for n, c in enumerate("abcd", start=1)}
 
 
 @attrs.define
@@ -52,6 +53,7 @@ async def start_node(
     node_id: str,
     join: tuple[str, ...] = (),
     sample: Callable[[], NodeReadings] | None = None,
+    fanout: int = 0,
 ) -> Node:
     """A mesh plus its gossip driver under one cancel scope (cancel it to kill the node)."""
     mesh = Mesh(
@@ -65,7 +67,9 @@ async def start_node(
     )
     store = TelemetryStore(node_id, 1, TelemetryConfig(ttl=TTL, forget_after=10 * TTL))
     fixed = EXPECTED[node_id]
-    gossip = TelemetryGossip(mesh, store, sample or (lambda: fixed), interval=INTERVAL)
+    gossip = TelemetryGossip(
+        mesh, store, sample or (lambda: fixed), interval=INTERVAL, fanout=fanout
+    )
     scope = trio.CancelScope()
 
     async def body(task_status: trio.TaskStatus[tuple[str, int]]) -> None:
@@ -131,6 +135,9 @@ async def test_three_nodes_converge_and_a_dead_node_expires() -> None:
         for node in (a, b, c):
             stats = node.gossip.statistics()
             assert stats.digests_sent > 0 and stats.pushes_received > 0
+            # bytes counted per frame sent: a digest is small, a push carries readings
+            assert stats.digest_bytes_sent >= 10 * stats.digests_sent
+            assert stats.push_bytes_sent > 100 * stats.pushes_sent > 0
             assert stats.frames_failed == stats.samples_failed == 0
         # Peers keep publishing: their seq goes up on the others.
         seen = rows(a)["node-b"]["seq"]
@@ -172,4 +179,37 @@ async def test_a_failing_sample_does_not_stop_gossip() -> None:
         b = await start_node(nursery, "node-b", join=(a.url,), sample=flaky)
         await until(lambda: shows(a, "node-a", "node-b") and shows(b, "node-a", "node-b"))
         assert b.gossip.statistics().samples_failed >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bounded_fanout_sends_one_digest_a_round_and_still_converges() -> None:
+    ids = ("node-a", "node-b", "node-c", "node-d")
+    async with trio.open_nursery() as nursery:
+        nodes: list[Node] = []
+        for node_id in ids:  # each joins every earlier one (their readings' addresses are fake)
+            join = tuple(n.url for n in nodes)
+            nodes.append(await start_node(nursery, node_id, join=join, fanout=1))
+        await until(lambda: all(n.gossip.statistics().readers == 3 for n in nodes))
+        await until(lambda: all(shows(n, *ids) for n in nodes))
+        # Entries keep flowing with one digest a round: every node sees every other refreshed.
+        seqs = [{i: rows(n)[i]["seq"] for i in ids} for n in nodes]
+        await until(
+            lambda: all(
+                all(rows(n)[i]["seq"] != seen[i] for i in ids)
+                for n, seen in zip(nodes, seqs, strict=True)
+            )
+        )
+        for node in nodes:
+            stats = node.gossip.statistics()
+            assert 0 < stats.round_digests <= stats.rounds
+        nursery.cancel_scope.cancel()
+
+
+async def test_fanout_zero_sends_every_round_to_every_peer() -> None:
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, "node-a")
+        b = await start_node(nursery, "node-b", join=(a.url,))
+        c = await start_node(nursery, "node-c", join=(a.url, b.url))
+        await until(lambda: all(n.gossip.statistics().readers == 2 for n in (a, b, c)))
+        await until(lambda: a.gossip.statistics().round_digests > a.gossip.statistics().rounds + 2)
         nursery.cancel_scope.cancel()

@@ -13,6 +13,7 @@ from skulk.config import (
     default_compute_ports,
     serve_config,
 )
+from skulk.telemetry import DEFAULT_FANOUT
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> ServeConfig:
@@ -214,3 +215,10 @@ def test_store_budget_takes_sizes_and_offline_is_a_bare_flag_or_a_switch() -> No
         parse([], {"SKULK_OFFLINE": "maybe"})
     with pytest.raises(ValueError, match="--store-budget"):
         parse(["--store-budget", "lots"])
+
+
+def test_gossip_fanout_flag() -> None:
+    assert parse([]).gossip_fanout == DEFAULT_FANOUT == 4
+    assert parse(["--gossip-fanout", "0"]).gossip_fanout == 0  # every peer
+    with pytest.raises(ValueError, match="--gossip-fanout"):
+        parse(["--gossip-fanout", "-1"])

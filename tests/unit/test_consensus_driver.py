@@ -169,6 +169,8 @@ async def test_elects_one_leader_and_replicates(tmp_path: Path) -> None:
         await c.converged(1)
         stats = c.drivers[leader].statistics()
         assert stats.healthy and stats.role == "leader" and stats.persists > 0
+        # the no-op and the command were applied, and timed
+        assert stats.entries_applied >= 2 and stats.apply_seconds > 0
 
 
 async def test_follower_forwards_to_the_leader(tmp_path: Path) -> None:
@@ -322,7 +324,8 @@ async def test_snapshots_compact_and_a_lagging_node_catches_up(tmp_path: Path) -
         await eventually(  # compaction is taken on the next tick after the entries apply
             lambda: c.drivers[leader].statistics().snapshot_index >= 20, "a snapshot past 20"
         )
-        assert c.drivers[leader].statistics().snapshots >= 1
+        stats = c.drivers[leader].statistics()
+        assert stats.snapshots >= 1 and stats.snapshot_bytes > 0 and stats.snapshot_seconds > 0
         await c.start(lagging)  # its log ends before the leader's snapshot: InstallSnapshot
         await c.converged(30)
         assert c.drivers[lagging].statistics().snapshot_index >= 20

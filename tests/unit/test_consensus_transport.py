@@ -2,7 +2,8 @@
 offered to the driver there (no task switch), in arrival order; bodies that waited in a link's
 inbox before the transport took the link over are queued for the driver's reader task instead
 (the take-over can happen inside the driver's own send), and so is every body after them until
-the queue is empty again. Over a real :class:`Link` pair in memory.
+the queue is empty again. Sent bytes are counted by message kind. Over a real :class:`Link`
+pair in memory.
 """
 
 from __future__ import annotations
@@ -11,9 +12,18 @@ import attrs
 import trio
 import trio.testing
 
-from skulk.consensus import AppendReply, MeshTransport, Message
-from skulk.consensus._meshtransport import PAYLOAD_CODEC
+from skulk.consensus import (
+    AppendReply,
+    AppendRequest,
+    Entry,
+    EntryKind,
+    MeshTransport,
+    Message,
+    VoteRequest,
+)
+from skulk.consensus._meshtransport import MESSAGE_KINDS, PAYLOAD_CODEC, message_kind
 from skulk.federation import Link, LinkView
+from skulk.wire.raft import SnapshotReply, TimeoutNow, VoteReply
 
 from .test_link import link_pair, wait_for
 
@@ -80,4 +90,33 @@ async def test_a_refused_offer_is_queued(autojump_clock: trio.testing.MockClock)
             message = await transport.inbound.receive()
         assert message.payload == AppendReply(1, True, 7)
         assert transport.statistics().taken_at_once == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_bytes_sent_are_counted_by_message_kind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with link_pair() as (_a, b), trio.open_nursery() as nursery:
+        transport = MeshTransport(OneLinkMesh("node-b", b))  # type: ignore[arg-type]
+        await nursery.start(transport.run)
+        entry = Entry(index=1, term=1, kind=EntryKind.COMMAND, data=b"x" * 100)
+        sent = {
+            "append": AppendRequest(1, 0, 0, (entry,), 0),
+            "heartbeat": AppendRequest(1, 0, 0, (), 0),
+            "append_reply": AppendReply(1, True, 0),
+            "vote": VoteRequest(1, 0, 0),
+        }
+        for payload in sent.values():
+            transport.send(Message("node-b", "node-a", payload))
+        got = transport.statistics().bytes_sent
+        assert set(got) == set(MESSAGE_KINDS)
+        for kind, payload in sent.items():
+            # the link frame around the payload adds a few bytes, never fewer
+            body = len(PAYLOAD_CODEC.encode(payload))
+            assert body < got[kind] < body + 32
+        assert got["append"] > got["heartbeat"] + 100
+        assert got["snapshot"] == got["timeout_now"] == 0
+        assert message_kind(TimeoutNow(1)) == "timeout_now"
+        assert message_kind(VoteReply(1, False)) == "vote"
+        assert message_kind(SnapshotReply(1, 1, 0, False)) == "snapshot"
         nursery.cancel_scope.cancel()

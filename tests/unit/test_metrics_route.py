@@ -14,10 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from skulk.api._metric_sources import (
     consensus_families,
     link_families,
+    raft_transport_families,
     service_families,
     state_families,
 )
-from skulk.cluster import apply
+from skulk.api._state_cost import StateCostSource
+from skulk.cluster import ClusterMachine, apply, canonical_bytes
 from skulk.control._control import placement_cause
 from skulk.federation import LinkView, PeerState
 from skulk.routing import Admission, NodeUnreachable, Overloaded, RemoteUnavailable
@@ -190,6 +192,10 @@ class FakeDriverStats:
     leader_changes: int = 2
     proposals: int = 9
     disk_failures: int = 0
+    entries_applied: int = 30
+    apply_seconds: float = 0.25
+    snapshots: int = 1
+    snapshot_seconds: float = 0.5
 
 
 def test_consensus_families() -> None:
@@ -200,6 +206,44 @@ def test_consensus_families() -> None:
     assert at(got, "skulk:raft_commit_index") == 17
     assert at(got, "skulk:raft_applied_index") == 16
     assert at(got, "skulk:raft_leader_changes_total") == 2
+    assert at(got, "skulk:raft_entries_applied_total") == 30
+    assert at(got, "skulk:raft_apply_seconds_total") == 0.25
+    assert at(got, "skulk:raft_snapshots_total") == 1
+    assert at(got, "skulk:raft_snapshot_seconds_total") == 0.5
+
+
+@attrs.frozen
+class FakeTransportStats:
+    bytes_sent: dict[str, int] = attrs.field(factory=lambda: {"append": 900, "heartbeat": 40})
+
+
+def test_raft_transport_families_count_bytes_by_message_kind() -> None:
+    got = family_samples(raft_transport_families(FakeTransportStats))
+    assert at(got, "skulk:raft_sent_bytes_total", message="append") == 900
+    assert at(got, "skulk:raft_sent_bytes_total", message="heartbeat") == 40
+
+
+class FakeControl:
+    """What :class:`StateCostSource` reads of a :class:`ClusterControl`."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.applied = 5
+
+
+def test_state_cost_measures_the_state_once_per_applied_index() -> None:
+    control = FakeControl(FakeNode(FakeService()).state)
+    source = StateCostSource(control)  # type: ignore[arg-type]
+    got = family_samples(source())
+    assert at(got, "skulk:cluster_state_bytes") == len(canonical_bytes(control.state))
+    image = ClusterMachine().snapshot(control.state)
+    assert at(got, "skulk:cluster_snapshot_bytes") == len(image)
+    assert (seconds := at(got, "skulk:cluster_snapshot_seconds")) is not None and seconds >= 0
+    first = source.measure()
+    assert source.measure() is first  # nothing applied since: not measured again
+    bigger, _ = apply(control.state, ReportRunner("i1", 0, "n1", "failed", "runner_crashed", 2))
+    control.state, control.applied = bigger, 6
+    assert source.measure() is not first and source.measure().applied == 6
 
 
 def test_link_families_name_the_peer_or_its_address() -> None:
