@@ -43,6 +43,7 @@ from typing import Any
 import mlx.core as mx
 
 from skulk.engine import _ops as ops
+from skulk.engine._doorbell import DoorbellError
 from skulk.engine._forward import Budgets, Forward, compact
 from skulk.engine._ring import CollectiveError, Ring, budget_tokens
 from skulk.engine._rows import drop_row, join_rows, kv_bytes_per_token
@@ -196,10 +197,11 @@ class ShardForward(Forward):
         return idle_ms / 1000
 
     def check(self, error: Exception) -> None:
-        """A failed step: a compute-group failure (mlx says ``[ring]``) ends the group at once;
+        """A failed step: a compute-group failure (mlx says ``[ring]``, or a neighbour closed
+        the doorbell) ends the group at once;
         otherwise the group must still answer a message round the ring, and the failure was
         the step's own (only its requests fail)."""
-        if "[ring]" in str(error):
+        if "[ring]" in str(error) or isinstance(error, DoorbellError):
             self._ring.broken = True
             raise CollectiveError(f"{self._what} at step {self._ring.seq} failed: {error}")
         self._flush(echo=True)
