@@ -12,7 +12,9 @@ Nothing in Skulk imports this package: it is a developer tool above what it driv
 - ``raft`` (``_raft``, replicas in ``_raftnode``): Skulk's Raft against PySyncObj;
 - ``cluster`` (``_cluster``): the remote hop, failover and placement; ``placement``
   (``_placement``): the planner on simulated nodes;
-- ``spec`` (``_spec``): n-gram speculative decoding against plain decoding.
+- ``spec`` (``_spec``): n-gram speculative decoding against plain decoding;
+- ``pipeline`` (``_pipeline``): a waiting pipeline rank's CPU and pipeline-2's throughput,
+  with the ranks' doorbell and without.
 """
 
 __all__: list[str] = []

@@ -14,7 +14,8 @@ skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
 [--batch-mib N] [--holder-dials]`` and ``python -m skulk.bench models [--json] [--mib N]
 [--rounds N] [--fanout] [--no-peer-fetch]`` and ``python -m skulk.bench blas [--json]
-[--rounds N] [--prompt-tokens N]``."""
+[--rounds N] [--prompt-tokens N]`` and ``python -m skulk.bench pipeline [--json] [--rounds N]
+[--streams 1,8] [--max-tokens N] [--slow S] [--idle S] [--tiny]``."""
 
 from __future__ import annotations
 
@@ -140,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     blas.add_argument("--json", action="store_true", help="print only the JSON result")
     blas.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     blas.add_argument("--prompt-tokens", type=int, default=512, help="prefill length")
+    from skulk.bench._pipeline import add_parser as add_pipeline
+
+    add_pipeline(sub)
     args = parser.parse_args(argv)
+    if args.bench == "pipeline":
+        from skulk.bench._pipeline import main as run_pipeline
+
+        return run_pipeline(args)
     if args.bench == "blas":
         from skulk.bench._blas import main as run_blas
 

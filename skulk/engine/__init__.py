@@ -13,3 +13,10 @@ This package's face is deliberately light: importing it (or :mod:`skulk.engine.f
 private and loaded only inside the runner process; benchmarks and in-process references use
 :mod:`skulk.engine.inprocess`.
 """
+
+#: ``off`` in a sharded runner's environment (on any rank): its group forms no doorbell and
+#: every waiting rank spins in mlx's ring receive, as before the doorbell
+#: (:mod:`skulk.engine._doorbell`): a benchmark's baseline, never needed in production.
+DOORBELL_ENV = "SKULK_RING_DOORBELL"
+
+__all__ = ["DOORBELL_ENV"]

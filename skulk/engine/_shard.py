@@ -30,8 +30,16 @@ slice of the heads and of the MLP, with an ``all_sum`` after each attention and 
 collectives, not the logits).
 
 Rank 0's passes stay lazy for the scheduler to evaluate; the other ranks evaluate theirs in
-:meth:`Shard.follow`. The caller runs both under the collective watchdog; nothing here waits
-on a peer by itself.
+:meth:`Shard.follow`. The caller runs both under the collective watchdog.
+
+**Waiting asleep.** With the group's doorbell (:mod:`skulk.engine._doorbell`, every rank
+has one unless a benchmark turned it off) a pipeline rank computes its layers' output,
+rings the next rank and only then sends the hidden state; the receiving rank waits for the
+ring, blocked in the kernel, before it posts mlx's receive (which would otherwise poll, a
+whole core, for as long as the other rank computes). On rank 0 that makes a pass that needs
+the logits synchronous up to the last rank's answer: :class:`_RoundTrip` evaluates rank 0's
+layers and waits for the ring inside the model call; only the norm, the head and what the
+scheduler builds on them stay lazy.
 """
 
 from __future__ import annotations

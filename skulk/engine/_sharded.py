@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
+from skulk.engine import DOORBELL_ENV
 from skulk.engine._doorbell import Doorbell, open_doorbell
 from skulk.engine._engine import DEFAULT_CONTEXT, Engine
 from skulk.engine._follower import Follower
@@ -67,8 +68,6 @@ from skulk.wire.runner import (
 
 log = logging.getLogger("skulk.engine")
 
-#: ``off`` in a rank's environment: no doorbell for its group (see :func:`form_doorbell`).
-DOORBELL_ENV = "SKULK_RING_DOORBELL"
 #: The init alarm fires this much after ``connect_timeout``: the node's own connect deadline
 #: should speak first; the alarm is for a rank whose node is gone.
 CONNECT_ALARM_SLACK = 1.0

@@ -25,11 +25,14 @@ inside a pass on rank 0 is checked (:meth:`ShardForward.check`): a compute-group
 the runner at once with ``RunnerFailed(collective_failed)``; otherwise a message must still
 come back round the ring, and the failure was the request's own (it fails alone).
 
-**Idle.** A rank waiting inside a receive spins a CPU core (the ring backend polls its
-sockets), so when rank 0 has nothing to do it sends an idle message saying how long it will
-wait before the next one (2 ms at first, doubling to :data:`IDLE_MAX_MS`); the others sleep
-that long (less a small margin) on their own inbox instead. An idle message travels the whole
-ring back to rank 0, so a stopped peer is noticed while idle too.
+**Waiting.** mlx's ring receive polls its socket, a whole core for as long as it waits, so
+every message and every hidden state is announced on the ranks' doorbell
+(:mod:`skulk.engine._doorbell`) and the receiving rank sleeps until then. **Idle.** When rank
+0 has nothing to do it sends an idle message saying how long it will wait before the next
+one (2 ms at first, doubling to :data:`IDLE_MAX_MS`); the others sleep that long (less a small
+margin) on their own inbox, answering their node's frames, before they wait for the next
+message. An idle message travels the whole ring back to rank 0, so a stopped peer is noticed
+while idle too.
 """
 
 from __future__ import annotations
