@@ -19,4 +19,8 @@ private and loaded only inside the runner process; benchmarks and in-process ref
 #: (:mod:`skulk.engine._doorbell`): a benchmark's baseline, never needed in production.
 DOORBELL_ENV = "SKULK_RING_DOORBELL"
 
-__all__ = ["DOORBELL_ENV"]
+#: ``off`` in a pipeline's rank 0 environment: no micro-batches in flight together (the ranks
+#: take turns on one batch; see :mod:`skulk.engine._sharded_forward`): a benchmark's baseline.
+OVERLAP_ENV = "SKULK_PIPELINE_OVERLAP"
+
+__all__ = ["DOORBELL_ENV", "OVERLAP_ENV"]

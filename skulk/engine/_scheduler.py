@@ -230,12 +230,23 @@ class Scheduler:
         if self._batchable and self.batches:
             batch = self.batches[0]
             self._emit(batch, batch.settle())  # a lone speculating row back to plain decoding
-        if self._batchable and self.batches:
-            self.batches[0].add(row, prefill.cache, first)
+        micro = self._engine.forward.micro_batches
+        if self._batchable and self.batches and len(self.batches) >= micro:
+            min(self.batches, key=len).add(row, prefill.cache, first)
         else:
             batch = Batch(self._engine, self._speculative)
             batch.add(row, prefill.cache, first)
             self.batches.append(batch)
+        self._speculate_alone()
+
+    def _speculate_alone(self) -> None:
+        """With micro-batches (a pipeline overlapping them), only a lone batch speculates:
+        speculation's verify passes go round the ring one at a time, which the others would
+        wait for."""
+        if self._engine.forward.micro_batches > 1:
+            alone = len(self.batches) == 1
+            for batch in self.batches:
+                batch.speculative_tokens = self._speculative if alone else 0
 
     def _decode(self, batch: Batch) -> None:
         for row in batch.rows:
@@ -286,6 +297,7 @@ class Scheduler:
         own = batch.remove(row, keep_cache=self.prefix.max_bytes > 0)
         if not batch:
             self.batches.remove(batch)
+            self._speculate_alone()
         if own is not None:
             self.prefix.store(row.tokens[: row.fed], own)
         self._release(row)

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -150,6 +151,12 @@ class _Send(_Module):  # type: ignore[misc]
         return mx.distributed.send(h, self._dst, group=self._group)
 
 
+@attrs.frozen
+class _Sent:
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+
+
 class _RoundTrip(_Module):  # type: ignore[misc]
     """Wraps the final norm on a pipeline's rank 0: the hidden state goes to rank 1, through
     every later rank's layers and back from the last one, and only then is normed here (rank
@@ -164,9 +171,12 @@ class _RoundTrip(_Module):  # type: ignore[misc]
         self.norm = norm
         self._world, self._group, self._bell = world, group, bell
         self.back = True
+        self.sent = _Sent((), mx.float32)  # the last hidden state sent (not a tuple: a Module
+        # keeps tuples as children)
 
     def __call__(self, h: mx.array) -> mx.array:
         _ring_before_send(self._bell, h)
+        self.sent = _Sent(tuple(h.shape), h.dtype)
         sent = mx.distributed.send(h, 1, group=self._group)
         if not self.back:
             return sent
@@ -174,6 +184,15 @@ class _RoundTrip(_Module):  # type: ignore[misc]
         if self._bell is not None:
             self._bell.wait()  # asleep until the last rank is about to send its answer
         got = mx.distributed.recv(h.shape, h.dtype, self._world - 1, group=self._group)
+        return cast(mx.array, self.norm(got))
+
+    def receive(self, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+        """The last rank's answer to a pass sent earlier (:meth:`PipelineShard.start`), normed;
+        received now (after its ring), so answers are taken in the order they come."""
+        if self._bell is not None:
+            self._bell.wait()
+        got = mx.distributed.recv(shape, dtype, self._world - 1, group=self._group)
+        mx.eval(got)
         return cast(mx.array, self.norm(got))
 
 
@@ -250,6 +269,23 @@ class PipelineShard(Shard):
             mx.eval([self.model.model(tokens, cache=cache), *states(cache)])
         finally:
             self._norm.back = True
+
+    def start(self, tokens: mx.array, cache: list[Any]) -> Callable[[], mx.array]:
+        """Rank 0: this rank's layers of a pass whose logits are wanted later, evaluated and
+        sent on; the function returned receives the last rank's answer and computes the
+        logits (lazy). Call those functions in the order the passes were started."""
+        self.fill(tokens, cache)
+        round_trip = self.model.model.norm
+        shape, dtype = round_trip.sent.shape, round_trip.sent.dtype
+        model = self.model
+
+        def finish() -> mx.array:
+            out = round_trip.receive(shape, dtype)
+            if "lm_head" in model:
+                return cast(mx.array, model.lm_head(out))
+            return cast(mx.array, model.model.embed_tokens.as_linear(out))  # tied embeddings
+
+        return finish
 
     def follow(self, rows: int, length: int, cache: list[Any] | None, back: bool) -> None:
         last = self.spec.rank == self.spec.world - 1
