@@ -1,28 +1,32 @@
 """``python -m skulk.bench pipeline``: what a pipeline-2 rank costs while it waits for the other
-rank, and what the instance serves, with the doorbell (:mod:`skulk.engine._doorbell`: a
-waiting rank sleeps) against without it (``SKULK_RING_DOORBELL=off``: it spins in mlx's ring
-receive, as before).
+rank, and what the instance serves, in three variants (:data:`VARIANTS`): ``overlap`` as
+shipped (the doorbell, :mod:`skulk.engine._doorbell`: a waiting rank sleeps; and two decode
+micro-batches in flight, :mod:`skulk.engine._sharded_forward`), ``turns`` (the doorbell, one
+batch: ``SKULK_PIPELINE_OVERLAP=off``, the ranks take turns) and ``spin`` (neither:
+``SKULK_RING_DOORBELL=off``, a waiting rank spins in mlx's ring receive, as before both).
 
 Every instance is a real :func:`~skulk.runner.open_local_group` on loopback (two runner
-processes). Each round measures both variants, in an order that alternates by round; the
-medians over rounds are reported (``by_round`` has every round's figures).
+processes). Each round measures every variant, in an order rotated every round; the medians
+over rounds are reported (``by_round`` has every round's figures).
 
-* ``waiting`` (the tiny model, 4 layers, hidden 64: compute is negligible): the *other* rank
-  is made slow (the ``slow@decode:SLOW`` fault hook sleeps ``--slow`` seconds at each decode
-  step, on that rank only), so the rank under test spends the request waiting: rank 0 for
-  rank 1's half of each pass (``rank0_waits``), or rank 1 for rank 0's next message
-  (``rank1_waits``). The figure is the waiting rank's *cores*: CPU seconds of its process
-  (all threads, from ``/proc``) ÷ the request's wall time (goal: < 0.1). ``idle`` is both
-  ranks' cores over ``--idle`` seconds with no request (the first group, after its request).
+* ``waiting`` (``overlap`` and ``spin`` only; the tiny model, 4 layers, hidden 64: compute
+  is negligible): the *other* rank is made slow (the ``slow@decode:SLOW`` fault hook sleeps
+  ``--slow`` seconds at each decode step, on that rank only), so the rank under test spends
+  the request waiting: rank 0 for rank 1's half of each pass (``rank0_waits``), or rank 1 for
+  rank 0's next message (``rank1_waits``). The figure is the waiting rank's *cores*: CPU
+  seconds of its process (all threads, from ``/proc``) ÷ the request's wall time (goal:
+  < 0.1). ``idle`` is both ranks' cores over ``--idle`` seconds with no request (the first
+  group, after its request).
 * ``streams`` (the default model of ``bench distributed``, 12 layers, hidden 512: a decode
   step is compute-bound): one group per variant and round serves each level's N concurrent
   greedy requests (``--streams``, default 1 and 8) of ``--max-tokens`` tokens:
   ``tokens_per_s`` = every request's tokens ÷ the wall time from the first request to the
   last ``Finished``; ``cores`` by rank = the rank's CPU seconds ÷ that wall time, i.e. how
   busy it kept a core (with the doorbell a waiting rank costs nothing, so this is the rank's
-  busy fraction; without it, waiting counts as busy). ``ratio`` = doorbell ÷ spin.
-  ``same_text``: every request's text is the same in both variants (prompts are numbered by
-  level and stream, the same in both).
+  busy fraction; without it, waiting counts as busy). ``overlap_vs_turns`` and
+  ``overlap_vs_spin``: tokens/s ratios (medians of the rounds' ratios).
+  ``same_text``: every request's text is the same in every variant (prompts are numbered by
+  level and stream, the same in each).
 """
 
 from __future__ import annotations
@@ -44,12 +48,17 @@ import trio
 from skulk.bench._distributed_measure import BenchmarkFailed, Timed, _cpu_seconds, timed_request
 from skulk.bench._distributed_setup import CONFIG, DEFAULT_SHAPE, PROMPT, TINY_SHAPE
 from skulk.bench._load import never_end
-from skulk.engine import DOORBELL_ENV
+from skulk.engine import DOORBELL_ENV, OVERLAP_ENV
 from skulk.models import ModelShape
 from skulk.runner import LocalGroup, loopback_hosts, open_local_group, shard_specs
 from skulk.wire.runner import SamplingParams, TextPrompt
 
-VARIANTS = ("doorbell", "spin")
+#: What serves: as shipped (the doorbell, micro-batches overlapping), the doorbell with one
+#: batch (the ranks take turns), and neither (a waiting rank spins in mlx's receive).
+VARIANTS = ("overlap", "turns", "spin")
+#: The variants whose waiting ranks are measured (overlap and turns wait alike).
+WAITING = ("overlap", "spin")
+_ENV = {"overlap": {}, "turns": {OVERLAP_ENV: "off"}, "spin": {DOORBELL_ENV: "off"}}
 #: Tokens of a ``waiting`` request (each decode step waits ``--slow`` seconds).
 WAIT_TOKENS = 12
 
@@ -66,16 +75,16 @@ class Settings:
 
 @contextmanager
 def variant(name: str) -> Iterator[None]:
-    """Runners started inside inherit the variant's ``SKULK_RING_DOORBELL``."""
-    old = os.environ.pop(DOORBELL_ENV, None)
-    if name == "spin":
-        os.environ[DOORBELL_ENV] = "off"
+    """Runners started inside inherit the variant's environment (see :data:`VARIANTS`)."""
+    old = {key: os.environ.pop(key, None) for key in (DOORBELL_ENV, OVERLAP_ENV)}
+    os.environ.update(_ENV[name])
     try:
         yield
     finally:
-        os.environ.pop(DOORBELL_ENV, None)
-        if old is not None:
-            os.environ[DOORBELL_ENV] = old
+        for key, value in old.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
 
 
 def _cores(group: LocalGroup) -> tuple[list[int | None], list[float]]:
@@ -160,8 +169,9 @@ async def measure(settings: Settings, model: Path, tiny: Path) -> dict[str, Any]
     texts: dict[str, dict[str, str]] = {v: {} for v in VARIANTS}
     for r in range(settings.rounds):
         one: dict[str, Any] = {}
-        for name in VARIANTS[r % 2 :] + VARIANTS[: r % 2]:
-            waiting = await measure_waiting(settings, tiny, name)
+        k = r % len(VARIANTS)
+        for name in VARIANTS[k:] + VARIANTS[:k]:
+            waiting = await measure_waiting(settings, tiny, name) if name in WAITING else {}
             streams, seen = await measure_streams(settings, model, name)
             texts[name].update(seen)
             one[name] = {"waiting": waiting, "streams": streams}
@@ -174,7 +184,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The medians over ``rounds`` (see the module doc)."""
     waiting: dict[str, Any] = {}
-    for name in VARIANTS:
+    for name in WAITING:
         got = [r[name]["waiting"] for r in rounds]
         waiting[name] = {
             "rank0_waits": _median([g["rank0_waits"] for g in got]),
@@ -190,11 +200,12 @@ def summarize(
                 "tokens_per_s": _median([g["tokens_per_s"] for g in got]),
                 "cores": [_median([g["cores"][k] for g in got]) for k in (0, 1)],
             }
-        ratios = [
-            r["doorbell"]["streams"][n]["tokens_per_s"] / r["spin"]["streams"][n]["tokens_per_s"]
-            for r in rounds
-        ]
-        level["ratio"] = _median(ratios)
+        for base in ("turns", "spin"):
+            ratios = [
+                r["overlap"]["streams"][n]["tokens_per_s"] / r[base]["streams"][n]["tokens_per_s"]
+                for r in rounds
+            ]
+            level[f"overlap_vs_{base}"] = _median(ratios)
         streams[str(n)] = level
     shape = settings.shape
     return {
@@ -204,7 +215,7 @@ def summarize(
         "slow_s": settings.slow,
         "waiting": waiting,
         "streams": streams,
-        "same_text": texts["doorbell"] == texts["spin"],
+        "same_text": texts["overlap"] == texts["turns"] == texts["spin"],
         "by_round": rounds,
     }
 
@@ -221,7 +232,7 @@ def run(settings: Settings) -> dict[str, Any]:
             never_end(m)
         result = trio.run(measure, settings, model, tiny)
     if not result["same_text"]:
-        raise BenchmarkFailed("the doorbell changed a request's text")
+        raise BenchmarkFailed("the variants wrote different texts")
     return result
 
 
@@ -231,24 +242,26 @@ def table(result: dict[str, Any]) -> str:
         f"the other rank slowed {result['slow_s']} s a step while one waits",
         f"{'':<10}{'rank 0 waits':>14}{'rank 1 waits':>14}{'idle r0/r1':>14}",
     ]
-    for name in VARIANTS:
+    for name in WAITING:
         w = result["waiting"][name]
         idle = f"{w['idle'][0]}/{w['idle'][1]}"
         lines.append(f"{name:<10}{w['rank0_waits']:>14}{w['rank1_waits']:>14}{idle:>14}")
     lines.append("(cores: CPU seconds of the rank's process ÷ wall time)")
-    lines.append(f"{'streams':<10}{'variant':<10}{'tok/s':>10}{'cores r0/r1':>14}{'ratio':>8}")
+    lines.append(f"{'streams':<10}{'variant':<10}{'tok/s':>10}{'cores r0/r1':>14}{'overlap ÷':>12}")
     for n, level in result["streams"].items():
         for name in VARIANTS:
             v = level[name]
             cores = f"{v['cores'][0]}/{v['cores'][1]}"
-            ratio = str(level["ratio"]) if name == VARIANTS[0] else ""
-            lines.append(f"{n:<10}{name:<10}{v['tokens_per_s']:>10}{cores:>14}{ratio:>8}")
-    lines.append(f"same text in both variants: {result['same_text']}")
+            ratio = str(level.get(f"overlap_vs_{name}", ""))
+            lines.append(f"{n:<10}{name:<10}{v['tokens_per_s']:>10}{cores:>14}{ratio:>12}")
+    lines.append(f"same text in every variant: {result['same_text']}")
     return "\n".join(lines)
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("pipeline", help="pipeline-2: a waiting rank's CPU; doorbell vs spin")
+    parser = sub.add_parser(
+        "pipeline", help="pipeline-2: a waiting rank's CPU; overlap, turns, spin"
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--streams", default="1,8", help="concurrent requests (default 1,8)")
