@@ -34,10 +34,11 @@ margin) on their own inbox, answering their node's frames, before they wait for 
 message. An idle message travels the whole ring back to rank 0, so a stopped peer is noticed
 while idle too.
 
-**Overlap.** On a pipeline (with the doorbell) the scheduler keeps its decode rows in two
-micro-batches (:attr:`ShardForward.micro_batches`) and starts each one's pass with
-:meth:`ShardForward.start`: rank 0 computes its layers, sends the hidden state on and returns
-at once, so it computes micro-batch B's layers while rank 1 computes A's; a pass completes
+**Overlap.** On a pipeline (with the doorbell) the scheduler keeps its decode rows in as
+many micro-batches as there are ranks (:attr:`ShardForward.micro_batches`) and starts each
+one's pass with :meth:`ShardForward.start`: rank 0 computes its layers, sends the hidden state
+on and returns at once, so it computes micro-batch B's layers while rank 1 computes A's (and,
+with three ranks, rank 2 another's); a pass completes
 (waiting for the last rank's answer, :class:`~skulk.engine._forward.Later`) when the
 scheduler comes back to that micro-batch, in the order the passes started (the answers come
 back in that order). The other ranks change nothing: they apply messages in order. Anything
@@ -100,7 +101,7 @@ class ShardForward(Forward):
         self._traced_flight = 1  # the most passes in flight at a completion so far (traced)
         overlap = os.environ.get(OVERLAP_ENV, "on") != "off"
         if overlap and isinstance(shard, PipelineShard) and shard.doorbell is not None:
-            self.micro_batches = 2
+            self.micro_batches = self._ring.world  # one micro-batch per stage
 
     # ---- caches -------------------------------------------------------------------------------
 
