@@ -5,7 +5,8 @@ It admits requests against the KV budget (a request reserves its prompt plus its
 tokens, :class:`~skulk.engine._budget.KvBudget`), queues what does not fit (a bounded FIFO,
 beyond which ``kv_cache_full``), refuses what never could (``prompt_too_long``,
 ``max_tokens_too_large``), prefills one paced chunk a turn, decodes every running request in
-one batch (:mod:`skulk.engine._batch`, with n-gram speculation for a lone row), reuses and
+one batch (:mod:`skulk.engine._batch`, with n-gram speculation for a lone row; on a pipeline
+that overlaps its stages, one micro-batch per rank, new rows joining the smallest), reuses and
 keeps prefixes (:mod:`skulk.engine._prefix_cache`), embeds, parses tool calls, and gives every
 reservation back on finish, failure or cancel. It computes only through the engine's
 :class:`~skulk.engine._forward.Forward`, so a sharded instance runs this very scheduler on its
@@ -91,7 +92,8 @@ class Scheduler:
         self.queued: deque[tuple[Row, int]] = deque()  # (row, KV bytes it needs)
         self.prefills: deque[Prefill] = deque()
         self.pacer = PrefillPacer()
-        self.batches: list[Batch] = []  # one, unless the model's caches cannot be merged
+        # one, unless the model's caches cannot be merged or a pipeline overlaps micro-batches
+        self.batches: list[Batch] = []
         speculative = load.speculative_tokens
         self._speculative = DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative
         self.totals = EngineTotals()
