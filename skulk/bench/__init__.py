@@ -16,6 +16,8 @@ Nothing in Skulk imports this package: it is a developer tool above what it driv
 - ``scale`` (``_scale``, with ``_scale_mesh``, ``_scale_metrics``, ``_scale_fit``,
   ``_scale_table``): the control plane's cost per node at several mesh sizes, fitted and
   extrapolated to 100 and 1000 nodes.
+- ``pipeline`` (``_pipeline``): a waiting pipeline rank's CPU and pipeline-2's throughput,
+  with the ranks' doorbell and without.
 """
 
 __all__: list[str] = []

@@ -16,7 +16,8 @@ skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]
 [--rounds N] [--fanout] [--no-peer-fetch]`` and ``python -m skulk.bench blas [--json]
 [--rounds N] [--prompt-tokens N]`` and ``python -m skulk.bench scale [--json]
 [--sizes 3,5,10,20] [--phase S] [--rate N] [--settle S] [--extrapolate 100,1000]
-[--home DIR] [--gossip-fanout N]``."""
+[--home DIR] [--gossip-fanout N]`` and ``python -m skulk.bench pipeline [--json] [--rounds N]
+[--streams 1,8] [--max-tokens N] [--slow S] [--idle S] [--tiny]``."""
 
 from __future__ import annotations
 
@@ -162,9 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the nodes' --gossip-fanout (0: every peer, as before it was bounded)",
     )
+    from skulk.bench._pipeline import add_parser as add_pipeline
+
+    add_pipeline(sub)
     args = parser.parse_args(argv)
     if args.bench == "scale":
         return _scale(args)
+    if args.bench == "pipeline":
+        from skulk.bench._pipeline import main as run_pipeline
+
+        return run_pipeline(args)
     if args.bench == "blas":
         from skulk.bench._blas import main as run_blas
 

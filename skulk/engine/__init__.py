@@ -13,3 +13,14 @@ This package's face is deliberately light: importing it (or :mod:`skulk.engine.f
 private and loaded only inside the runner process; benchmarks and in-process references use
 :mod:`skulk.engine.inprocess`.
 """
+
+#: ``off`` in a sharded runner's environment (on any rank): its group forms no doorbell and
+#: every waiting rank spins in mlx's ring receive, as before the doorbell
+#: (:mod:`skulk.engine._doorbell`): a benchmark's baseline, never needed in production.
+DOORBELL_ENV = "SKULK_RING_DOORBELL"
+
+#: ``off`` in a pipeline's rank 0 environment: no micro-batches in flight together (the ranks
+#: take turns on one batch; see :mod:`skulk.engine._sharded_forward`): a benchmark's baseline.
+OVERLAP_ENV = "SKULK_PIPELINE_OVERLAP"
+
+__all__ = ["DOORBELL_ENV", "OVERLAP_ENV"]

@@ -27,7 +27,9 @@ left-padded rows, ``merge`` / ``extend`` / ``filter`` / ``extract``); when one r
 cache is extracted back into a plain one.
 
 As in mlx-lm's own ``generate_step``, the next tokens are computed asynchronously while the
-current ones are handed out, so host and device overlap.
+current ones are handed out, so host and device overlap. On a pipeline that overlaps
+micro-batches the next tokens may be a :class:`~skulk.engine._forward.Later` (the pass is
+still with the other ranks): a step completes it first, and so does a change of the rows.
 
 Plain data and mlx, no I/O: the runner's scheduler (:mod:`skulk.engine._scheduler`) decides
 when to run a prefill chunk and when a decode step. Every pass and every change of a cache's
@@ -45,6 +47,7 @@ import mlx.core as mx
 
 from skulk.engine._budget import PREFILL_STEP
 from skulk.engine._engine import Engine, Step, TokenOutput
+from skulk.engine._forward import Later
 from skulk.engine._grammar import Constraint, mask_rows
 from skulk.engine._rows import sample_rows
 from skulk.engine._sampling import Sampler
@@ -163,7 +166,8 @@ class Batch:
         self.speculative_tokens = speculative_tokens
         self.rows: list[Row] = []
         self._cache: list[Any] = []
-        self._pending: mx.array | None = None  # (rows,): each row's next token, not yet fed
+        # (rows,): each row's next token, not yet fed (a Later: its pass still in flight)
+        self._pending: mx.array | Later | None = None
         self._decoder: SpeculativeDecoder | None = None  # a lone row speculating
 
     def __len__(self) -> int:
@@ -173,25 +177,33 @@ class Batch:
         """Join ``row`` (its prompt in ``cache``, ``first`` its first sampled token) to the
         batch; it decodes from the next :meth:`step`. Call :meth:`settle` first."""
         assert self._decoder is None, "settle() before add()"
+        self._resolve()
         if self.rows:
-            assert self._pending is not None
+            assert isinstance(self._pending, mx.array)
             first = mx.concatenate([self._pending, first])
         self._cache = self._engine.forward.join(self._cache, len(self.rows), cache)
         self._pending = first
         self.rows.append(row)
 
+    def _resolve(self) -> None:
+        """Complete the pass in flight, if any (:meth:`~skulk.engine._forward.Forward.start`)."""
+        if isinstance(self._pending, Later):
+            self._pending = self._pending.value()
+
     def step(self) -> list[tuple[Row, Step]]:
         """Hand out every row's next token (the caller removes the rows that finished)."""
+        self._resolve()
         if len(self.rows) == 1 and self.speculative_tokens > 0 and self.rows[0].constraint is None:
             return self._speculative_step(self.rows[0])
         current = self._pending
-        assert current is not None and self.rows, "step() on an empty batch"
+        assert isinstance(current, mx.array) and self.rows, "step() on an empty batch"
         rows = list(self.rows)
         if any(r.constraint is not None for r in rows):
             return self._constrained_step(rows, current)
         if any(not r.out.next_is_last for r in rows):
             self._pending = self._forward(current)
-            _async_eval(self._pending)
+            if isinstance(self._pending, mx.array):
+                _async_eval(self._pending)
             for r in rows:
                 r.fed += 1
         else:
@@ -214,7 +226,8 @@ class Batch:
             steps += _hand_out(r, [token])
         if any(r.finish_reason is None for r in rows):
             self._pending = self._forward(current)
-            _async_eval(self._pending)
+            if isinstance(self._pending, mx.array):
+                _async_eval(self._pending)
             for r in rows:
                 r.fed += 1
         else:
@@ -226,7 +239,7 @@ class Batch:
         which drafts only while its controller measures that drafting pays; it takes over the
         row's plain state (cache, pending token) and keeps it until :meth:`settle`."""
         if self._decoder is None:
-            assert self._pending is not None, "step() on a finished row"
+            assert isinstance(self._pending, mx.array), "step() on a finished row"
             spec = row.speculation
             if spec is None:
                 controller = SpeculationController(self.speculative_tokens)
@@ -262,21 +275,27 @@ class Batch:
         row.fed = len(row.tokens)
         return steps
 
-    def _forward(self, tokens: mx.array) -> mx.array:
-        logits = self._engine.forward(tokens[:, None], self._cache)[:, -1, :]
+    def _forward(self, tokens: mx.array) -> mx.array | Later:
+        """The next tokens of ``tokens``' pass: lazy, or later if the pass is in flight."""
+        out = self._engine.forward.start(tokens[:, None], self._cache)
         constraints = [r.constraint if r.finish_reason is None else None for r in self.rows]
-        logits = mask_rows(logits, constraints)
-        return sample_rows(logits, [r.sampler for r in self.rows])
+        samplers = [r.sampler for r in self.rows]
+
+        def sample(logits: mx.array) -> mx.array:
+            return sample_rows(mask_rows(logits[:, -1, :], constraints), samplers)
+
+        return out.then(sample) if isinstance(out, Later) else sample(out)
 
     def remove(self, row: Row, *, keep_cache: bool = False) -> list[Any] | None:
         """Take ``row`` out of the batch; with ``keep_cache``, return its own single-row cache
         (holding ``row.fed`` tokens) for the prefix cache."""
+        self._resolve()
         i = self.rows.index(row)
         forward = self._engine.forward
         self._cache, own, keep = forward.drop(self._cache, len(self.rows), i, keep_cache=keep_cache)
         if not keep:
             self._pending, self._decoder = None, None
-        elif self._pending is not None:
+        elif isinstance(self._pending, mx.array):
             self._pending = self._pending[mx.array(keep)]
         del self.rows[i]
         return own

@@ -12,7 +12,9 @@ knows which it has, so every feature works on both.
 The calls:
 
 * :meth:`~Forward.__call__` — logits of ``tokens`` ``(rows, n)`` through ``cache``
-  (lazy: the caller evaluates them; it must, see :class:`ShardForward`);
+  (lazy: the caller evaluates them; it must, see :class:`ShardForward`); :meth:`~Forward.start`
+  — the same for a decode step, possibly still in flight (a :class:`Later`; see
+  :attr:`~Forward.micro_batches`);
 * :meth:`~Forward.fill` — feed ``tokens`` into ``cache`` and evaluate, no output (a prefill
   chunk);
 * :meth:`~Forward.hidden` — the final hidden states (embeddings), lazy;
@@ -30,7 +32,7 @@ Plain mlx, no I/O.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -74,8 +76,36 @@ def compact(cache: Sequence[Any], n: int) -> list[Any] | None:
     return kept
 
 
+class Later:
+    """What a pass in flight will give (:meth:`Forward.start`): :meth:`value` computes it the
+    first time (completing the pass: on a pipeline, waiting for the other ranks), once."""
+
+    def __init__(self, make: Callable[[], mx.array]) -> None:
+        self._make: Callable[[], mx.array] | None = make
+        self._value: mx.array | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._make is None
+
+    def value(self) -> mx.array:
+        if self._make is not None:
+            make, self._make = self._make, None
+            self._value = make()
+        assert self._value is not None
+        return self._value
+
+    def then(self, f: Callable[[mx.array], mx.array]) -> Later:
+        """``f`` of the value, later."""
+        return Later(lambda: f(self.value()))
+
+
 class Forward:
     """The whole model in this process (see the module doc for the calls)."""
+
+    #: Decode micro-batches the scheduler should keep apart: 1 (one batch) unless the ranks
+    #: of a pipeline can work on different micro-batches at once (:meth:`start`).
+    micro_batches = 1
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -84,6 +114,13 @@ class Forward:
     def __call__(self, tokens: mx.array, cache: list[Any] | None = None) -> mx.array:
         out: mx.array = self.model(tokens, cache=cache)
         return out
+
+    def start(self, tokens: mx.array, cache: list[Any]) -> mx.array | Later:
+        """The logits of a decode pass, like calling the forward pass (lazy), or — on a
+        pipeline's rank 0 that overlaps micro-batches — a :class:`Later`: the pass is on its
+        way through the other ranks, and its value completes it (passes complete in the
+        order they started), so this rank can start another micro-batch meanwhile."""
+        return self(tokens, cache)
 
     def fill(self, tokens: mx.array, cache: list[Any]) -> None:
         mx.eval([self.model.model(tokens, cache=cache), *states(cache)])

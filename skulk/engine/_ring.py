@@ -4,6 +4,10 @@ left and passes them on to its right; with the collectives every rank joins (the
 loading, the ``all_min`` of the budgets). Every operation runs under the collective watchdog,
 its failure a :class:`CollectiveError`, after which nothing more is sent on the ring
 (:attr:`Ring.broken`): an operation on a ring that failed may never return.
+
+With the shard's doorbell (:mod:`skulk.engine._doorbell`) every message (header and body
+together) is rung before it is sent and waited for before it is received, so a rank waiting
+for the next message sleeps instead of spinning a core in mlx's receive.
 """
 
 from __future__ import annotations
@@ -89,10 +93,12 @@ class Ring:
         group = self.shard.group
         with self.collective("broadcast(control)") as note:
             head = mx.array(ops.encode_header(header), dtype=mx.int32)
+            self._ring()
             mx.eval(mx.distributed.send(head, 1, group=group))
             if payload:
                 mx.eval(mx.distributed.send(mx.array(payload, dtype=mx.int32), 1, group=group))
             if header.echo:
+                self._wait()
                 mx.eval(mx.distributed.recv_like(head, self.world - 1, group=group))
             note.detail = ops.describe(todo)
         self.seq += 1
@@ -101,8 +107,11 @@ class Ring:
         """A rank after the first: the next message from its left, passed on to its right."""
         group, rank = self.shard.group, self.rank
         with self.collective("broadcast(control)") as note:
+            self._wait()
             head = mx.distributed.recv((ops.HEADER_SIZE,), mx.int32, rank - 1, group=group)
             if rank < self.world - 1:
+                mx.eval(head)
+                self._ring()
                 mx.eval(mx.distributed.send(head, rank + 1, group=group))
             header = ops.decode_header(cast(list[int], head.tolist()), self.seq)
             words: list[int] = []
@@ -121,4 +130,16 @@ class Ring:
         if header.echo and self.rank == self.world - 1:
             with self.collective("broadcast(control)"):
                 head = mx.array(ops.encode_header(header), dtype=mx.int32)
+                self._ring()
                 mx.eval(mx.distributed.send(head, 0, group=self.shard.group))
+
+    def _ring(self) -> None:
+        """Before sending a message (its header; the body follows at once): wake the right
+        neighbour (:mod:`skulk.engine._doorbell`)."""
+        if self.shard.doorbell is not None:
+            self.shard.doorbell.ring()
+
+    def _wait(self) -> None:
+        """Before receiving a message: sleep until the left neighbour is about to send it."""
+        if self.shard.doorbell is not None:
+            self.shard.doorbell.wait()

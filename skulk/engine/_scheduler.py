@@ -5,7 +5,8 @@ It admits requests against the KV budget (a request reserves its prompt plus its
 tokens, :class:`~skulk.engine._budget.KvBudget`), queues what does not fit (a bounded FIFO,
 beyond which ``kv_cache_full``), refuses what never could (``prompt_too_long``,
 ``max_tokens_too_large``), prefills one paced chunk a turn, decodes every running request in
-one batch (:mod:`skulk.engine._batch`, with n-gram speculation for a lone row), reuses and
+one batch (:mod:`skulk.engine._batch`, with n-gram speculation for a lone row; on a pipeline
+that overlaps its stages, one micro-batch per rank, new rows joining the smallest), reuses and
 keeps prefixes (:mod:`skulk.engine._prefix_cache`), embeds, parses tool calls, and gives every
 reservation back on finish, failure or cancel. It computes only through the engine's
 :class:`~skulk.engine._forward.Forward`, so a sharded instance runs this very scheduler on its
@@ -91,7 +92,8 @@ class Scheduler:
         self.queued: deque[tuple[Row, int]] = deque()  # (row, KV bytes it needs)
         self.prefills: deque[Prefill] = deque()
         self.pacer = PrefillPacer()
-        self.batches: list[Batch] = []  # one, unless the model's caches cannot be merged
+        # one, unless the model's caches cannot be merged or a pipeline overlaps micro-batches
+        self.batches: list[Batch] = []
         speculative = load.speculative_tokens
         self._speculative = DEFAULT_SPECULATIVE_TOKENS if speculative is None else speculative
         self.totals = EngineTotals()
@@ -230,12 +232,23 @@ class Scheduler:
         if self._batchable and self.batches:
             batch = self.batches[0]
             self._emit(batch, batch.settle())  # a lone speculating row back to plain decoding
-        if self._batchable and self.batches:
-            self.batches[0].add(row, prefill.cache, first)
+        micro = self._engine.forward.micro_batches
+        if self._batchable and self.batches and len(self.batches) >= micro:
+            min(self.batches, key=len).add(row, prefill.cache, first)
         else:
             batch = Batch(self._engine, self._speculative)
             batch.add(row, prefill.cache, first)
             self.batches.append(batch)
+        self._speculate_alone()
+
+    def _speculate_alone(self) -> None:
+        """With micro-batches (a pipeline overlapping them), only a lone batch speculates:
+        speculation's verify passes go round the ring one at a time, which the others would
+        wait for."""
+        if self._engine.forward.micro_batches > 1:
+            alone = len(self.batches) == 1
+            for batch in self.batches:
+                batch.speculative_tokens = self._speculative if alone else 0
 
     def _decode(self, batch: Batch) -> None:
         for row in batch.rows:
@@ -286,6 +299,7 @@ class Scheduler:
         own = batch.remove(row, keep_cache=self.prefix.max_bytes > 0)
         if not batch:
             self.batches.remove(batch)
+            self._speculate_alone()
         if own is not None:
             self.prefix.store(row.tokens[: row.fed], own)
         self._release(row)

@@ -30,8 +30,16 @@ slice of the heads and of the MLP, with an ``all_sum`` after each attention and 
 collectives, not the logits).
 
 Rank 0's passes stay lazy for the scheduler to evaluate; the other ranks evaluate theirs in
-:meth:`Shard.follow`. The caller runs both under the collective watchdog; nothing here waits
-on a peer by itself.
+:meth:`Shard.follow`. The caller runs both under the collective watchdog.
+
+**Waiting asleep.** With the group's doorbell (:mod:`skulk.engine._doorbell`, every rank
+has one unless a benchmark turned it off) a pipeline rank computes its layers' output,
+rings the next rank and only then sends the hidden state; the receiving rank waits for the
+ring, blocked in the kernel, before it posts mlx's receive (which would otherwise poll, a
+whole core, for as long as the other rank computes). On rank 0 that makes a pass that needs
+the logits synchronous up to the last rank's answer: :class:`_RoundTrip` evaluates rank 0's
+layers and waits for the ring inside the model call; only the norm, the head and what the
+scheduler builds on them stay lazy.
 """
 
 from __future__ import annotations
@@ -40,12 +48,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+from skulk.engine._doorbell import Doorbell
 from skulk.engine._forward import states
 from skulk.models import ShardSlice, needed_tensors
 from skulk.wire.runner import ShardSpec
@@ -111,11 +121,16 @@ class _Receive(_Module):  # type: ignore[misc]
     """Stands in for the token embedding on a pipeline rank after the first: the hidden state
     for these positions comes from the previous rank."""
 
-    def __init__(self, src: int, hidden: int, dtype: mx.Dtype, group: Any) -> None:
+    def __init__(
+        self, src: int, hidden: int, dtype: mx.Dtype, group: Any, bell: Doorbell | None
+    ) -> None:
         super().__init__()
         self._src, self._hidden, self._dtype, self._group = src, hidden, dtype, group
+        self._bell = bell
 
     def __call__(self, inputs: mx.array) -> mx.array:
+        if self._bell is not None:
+            self._bell.wait()  # asleep until the previous rank is about to send
         shape = (*inputs.shape, self._hidden)
         return mx.distributed.recv(shape, self._dtype, self._src, group=self._group)
 
@@ -124,13 +139,22 @@ class _Send(_Module):  # type: ignore[misc]
     """Stands in for the final norm on a pipeline rank after the first: hands the hidden
     state to the next rank (the last rank: back to rank 0, when rank 0 needs it: ``enabled``)."""
 
-    def __init__(self, dst: int, group: Any) -> None:
+    def __init__(self, dst: int, group: Any, bell: Doorbell | None) -> None:
         super().__init__()
-        self._dst, self._group = dst, group
+        self._dst, self._group, self._bell = dst, group, bell
         self.enabled = True
 
     def __call__(self, h: mx.array) -> mx.array:
-        return mx.distributed.send(h, self._dst, group=self._group) if self.enabled else h
+        if not self.enabled:
+            return h
+        _ring_before_send(self._bell, h)
+        return mx.distributed.send(h, self._dst, group=self._group)
+
+
+@attrs.frozen
+class _Sent:
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
 
 
 class _RoundTrip(_Module):  # type: ignore[misc]
@@ -138,21 +162,46 @@ class _RoundTrip(_Module):  # type: ignore[misc]
     every later rank's layers and back from the last one, and only then is normed here (rank
     0 holds the norm and the head, so the logits are where the scheduler samples). With
     ``back`` false (a prefill chunk) it is only sent. The send is queued before the receive
-    is built: one stream, so it goes out first."""
+    is built: one stream, so it goes out first. With a doorbell the receive is built only
+    once the last rank rang (its answer is on the way), so this rank sleeps meanwhile: the
+    call returns after the later ranks' part of the pass, not before."""
 
-    def __init__(self, norm: Any, world: int, group: Any) -> None:
+    def __init__(self, norm: Any, world: int, group: Any, bell: Doorbell | None) -> None:
         super().__init__()
         self.norm = norm
-        self._world, self._group = world, group
+        self._world, self._group, self._bell = world, group, bell
         self.back = True
+        self.sent = _Sent((), mx.float32)  # the last hidden state sent (not a tuple: a Module
+        # keeps tuples as children)
 
     def __call__(self, h: mx.array) -> mx.array:
+        _ring_before_send(self._bell, h)
+        self.sent = _Sent(tuple(h.shape), h.dtype)
         sent = mx.distributed.send(h, 1, group=self._group)
         if not self.back:
             return sent
         _async_eval(sent)
+        if self._bell is not None:
+            self._bell.wait()  # asleep until the last rank is about to send its answer
         got = mx.distributed.recv(h.shape, h.dtype, self._world - 1, group=self._group)
         return cast(mx.array, self.norm(got))
+
+    def receive(self, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+        """The last rank's answer to a pass sent earlier (:meth:`PipelineShard.start`), normed;
+        received now (after its ring), so answers are taken in the order they come."""
+        if self._bell is not None:
+            self._bell.wait()
+        got = mx.distributed.recv(shape, dtype, self._world - 1, group=self._group)
+        mx.eval(got)
+        return cast(mx.array, self.norm(got))
+
+
+def _ring_before_send(bell: Doorbell | None, h: mx.array) -> None:
+    """Compute ``h`` (this rank's layers), then ring the next rank: it wakes as the hidden
+    state goes out, not while this rank still computes it."""
+    if bell is not None:
+        mx.eval(h)
+        bell.ring()
 
 
 class _Absent(_Module):  # type: ignore[misc]
@@ -169,10 +218,13 @@ class Shard:
     runs its part of the same pass with :meth:`follow`. Nothing is evaluated here but by
     :meth:`fill` and :meth:`follow` (under the caller's watchdog)."""
 
-    def __init__(self, model: Any, spec: ShardSpec, group: Any) -> None:
+    def __init__(
+        self, model: Any, spec: ShardSpec, group: Any, doorbell: Doorbell | None = None
+    ) -> None:
         self.model = model
         self.spec = spec
         self.group = group
+        self.doorbell = doorbell
 
     def new_cache(self) -> list[Any]:
         cache: list[Any] = make_prompt_cache(self.model)
@@ -205,8 +257,10 @@ def _flat(tree: Any) -> list[tuple[str, Any]]:
 class PipelineShard(Shard):
     """Layers ``[start, end)`` of the model; see the module doc."""
 
-    def __init__(self, model: Any, spec: ShardSpec, group: Any) -> None:
-        super().__init__(model, spec, group)
+    def __init__(
+        self, model: Any, spec: ShardSpec, group: Any, doorbell: Doorbell | None = None
+    ) -> None:
+        super().__init__(model, spec, group, doorbell)
         self._norm = model.model.norm  # rank 0: the round trip; later ranks: the send
 
     def fill(self, tokens: mx.array, cache: list[Any]) -> None:
@@ -215,6 +269,23 @@ class PipelineShard(Shard):
             mx.eval([self.model.model(tokens, cache=cache), *states(cache)])
         finally:
             self._norm.back = True
+
+    def start(self, tokens: mx.array, cache: list[Any]) -> Callable[[], mx.array]:
+        """Rank 0: this rank's layers of a pass whose logits are wanted later, evaluated and
+        sent on; the function returned receives the last rank's answer and computes the
+        logits (lazy). Call those functions in the order the passes were started."""
+        self.fill(tokens, cache)
+        round_trip = self.model.model.norm
+        shape, dtype = round_trip.sent.shape, round_trip.sent.dtype
+        model = self.model
+
+        def finish() -> mx.array:
+            out = round_trip.receive(shape, dtype)
+            if "lm_head" in model:
+                return cast(mx.array, model.lm_head(out))
+            return cast(mx.array, model.model.embed_tokens.as_linear(out))  # tied embeddings
+
+        return finish
 
     def follow(self, rows: int, length: int, cache: list[Any] | None, back: bool) -> None:
         last = self.spec.rank == self.spec.world - 1
@@ -248,13 +319,16 @@ def load_shard(
     spec: ShardSpec,
     group: Any,
     progress: Callable[[int, int], None],
+    doorbell: Doorbell | None = None,
 ) -> Shard:
     """Cut ``model`` (from :func:`open_model`, checked by :func:`check_sharding`) down to this
-    rank's shard and evaluate its weights, reporting ``progress(loaded, total)``."""
+    rank's shard and evaluate its weights, reporting ``progress(loaded, total)``. With a
+    ``doorbell`` (:mod:`skulk.engine._doorbell`; every rank or none) a pipeline rank waits
+    for a hidden state asleep."""
     if spec.sharding == "tensor":
         model.shard(group)
         _evaluate(model, progress)
-        return TensorShard(model, spec, group)
+        return TensorShard(model, spec, group, doorbell)
     inner = model.model
     part = shard_slice(spec, len(inner.layers))
     params = _flat(model.parameters())
@@ -266,10 +340,10 @@ def load_shard(
     inner.layers = inner.layers[spec.start : spec.end]
     _relocate_layer_indices(inner)
     if part.first:
-        inner.norm = _RoundTrip(inner.norm, spec.world, group)
+        inner.norm = _RoundTrip(inner.norm, spec.world, group, doorbell)
     else:
-        inner.embed_tokens = _Receive(spec.rank - 1, hidden, dtype, group)
-        inner.norm = _Send((spec.rank + 1) % spec.world, group)
+        inner.embed_tokens = _Receive(spec.rank - 1, hidden, dtype, group, doorbell)
+        inner.norm = _Send((spec.rank + 1) % spec.world, group, doorbell)
         if "lm_head" in model:
             model.lm_head = _Absent()
     stray = [n for n, v in _flat(model.parameters()) if id(v) not in keep]
@@ -278,7 +352,7 @@ def load_shard(
             f"pipeline rank {spec.rank} would hold tensors outside its shard: {stray[:3]}"
         )
     _evaluate(model, progress)
-    return PipelineShard(model, spec, group)
+    return PipelineShard(model, spec, group, doorbell)
 
 
 def _relocate_layer_indices(inner: Any) -> None:

@@ -9,8 +9,9 @@ After ``Load`` (with a :class:`~skulk.wire.runner.ShardSpec`) the rank:
 2. sends ``GroupJoining``, writes the MLX ring hostfile (one ``["host:port"]`` per rank) to a
    temporary file, sets ``MLX_HOSTFILE``/``MLX_RANK`` and calls
    ``mx.distributed.init(backend="ring", strict=True)`` under :func:`init_alarm`
-   (``connect_timeout``; an error is ``group_connect_failed``); checks rank and size and sends
-   ``GroupJoined``;
+   (``connect_timeout``; an error is ``group_connect_failed``); checks rank and size, forms
+   the ranks' doorbell connections (:func:`form_doorbell`, same deadline and failure) and
+   sends ``GroupJoined``;
 3. loads only its shard's tensors (``LoadProgress``), waits for every rank to have loaded (a
    guarded barrier of up to the node's load timeout) and sends ``Loaded``;
 4. serves: rank 0 warms up and serves through :func:`~skulk.engine._serve.warm_and_serve`
@@ -37,6 +38,8 @@ from typing import Any, NoReturn
 import mlx.core as mx
 from mlx_lm.utils import load_tokenizer
 
+from skulk.engine import DOORBELL_ENV
+from skulk.engine._doorbell import Doorbell, open_doorbell
 from skulk.engine._engine import DEFAULT_CONTEXT, Engine
 from skulk.engine._follower import Follower
 from skulk.engine._link import Link
@@ -114,11 +117,18 @@ def _run(link: Link, load: Load, spec: ShardSpec, faults: Faults, load_timeout: 
         message = shorten(f"rank {spec.rank} could not join {', '.join(spec.hosts)}: {exc}")
         link.send(RunnerFailed(reason="group_connect_failed", message=message))
         return 2
-    link.send(GroupJoined(world=group.size()))
     watchdog = CollectiveWatchdog(link.send_within)
+    try:
+        doorbell = form_doorbell(spec, group, watchdog)
+    except Exception as exc:
+        log_failure("could not form the doorbell", exc)
+        message = shorten(f"rank {spec.rank} could not form its doorbell: {exc}")
+        link.send(RunnerFailed(reason="group_connect_failed", message=message))
+        return 2
+    link.send(GroupJoined(world=group.size()))
     link.trace = watchdog.take_trace
     try:
-        shard, context = _load(link, model, config, spec, group, faults)
+        shard, context = _load(link, model, config, spec, group, faults, doorbell)
     except (BrokenPipeError, ConnectionResetError):
         raise
     except Exception as exc:
@@ -165,6 +175,18 @@ def join_group(spec: ShardSpec) -> Any:
     return group
 
 
+def form_doorbell(spec: ShardSpec, group: Any, watchdog: CollectiveWatchdog) -> Doorbell | None:
+    """This rank's doorbell (:mod:`skulk.engine._doorbell`), unless a rank's environment says
+    ``SKULK_RING_DOORBELL=off`` (a benchmark's baseline: then no rank rings, every rank
+    waits spinning in mlx); the ranks agree first (an ``all_min``), all within
+    ``connect_timeout``."""
+    wanted = os.environ.get(DOORBELL_ENV, "on") != "off"
+    with watchdog.guard("all_min(doorbell)", 0, spec.connect_timeout):
+        mine = mx.array([int(wanted)], dtype=mx.int32)
+        agreed = bool(mx.distributed.all_min(mine, group=group).item())
+    return open_doorbell(spec.hosts, spec.rank, spec.connect_timeout) if agreed else None
+
+
 def _load(
     link: Link,
     model: Any,
@@ -172,10 +194,11 @@ def _load(
     spec: ShardSpec,
     group: Any,
     faults: Faults,
+    doorbell: Doorbell | None,
 ) -> tuple[Shard, int]:
     def progress(n: int, total: int) -> None:
         link.send(LoadProgress(loaded=n, total=total))
         faults.hit("load")
 
-    shard = load_shard(model, config, spec, group, progress)
+    shard = load_shard(model, config, spec, group, progress, doorbell)
     return shard, int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)

@@ -25,28 +25,49 @@ inside a pass on rank 0 is checked (:meth:`ShardForward.check`): a compute-group
 the runner at once with ``RunnerFailed(collective_failed)``; otherwise a message must still
 come back round the ring, and the failure was the request's own (it fails alone).
 
-**Idle.** A rank waiting inside a receive spins a CPU core (the ring backend polls its
-sockets), so when rank 0 has nothing to do it sends an idle message saying how long it will
-wait before the next one (2 ms at first, doubling to :data:`IDLE_MAX_MS`); the others sleep
-that long (less a small margin) on their own inbox instead. An idle message travels the whole
-ring back to rank 0, so a stopped peer is noticed while idle too.
+**Waiting.** mlx's ring receive polls its socket, a whole core for as long as it waits, so
+every message and every hidden state is announced on the ranks' doorbell
+(:mod:`skulk.engine._doorbell`) and the receiving rank sleeps until then. **Idle.** When rank
+0 has nothing to do it sends an idle message saying how long it will wait before the next
+one (2 ms at first, doubling to :data:`IDLE_MAX_MS`); the others sleep that long (less a small
+margin) on their own inbox, answering their node's frames, before they wait for the next
+message. An idle message travels the whole ring back to rank 0, so a stopped peer is noticed
+while idle too.
+
+**Overlap.** On a pipeline (with the doorbell) the scheduler keeps its decode rows in as
+many micro-batches as there are ranks (:attr:`ShardForward.micro_batches`) and starts each
+one's pass with :meth:`ShardForward.start`: rank 0 computes its layers, sends the hidden state
+on and returns at once, so it computes micro-batch B's layers while rank 1 computes A's (and,
+with three ranks, rank 2 another's); a pass completes
+(waiting for the last rank's answer, :class:`~skulk.engine._forward.Later`) when the
+scheduler comes back to that micro-batch, in the order the passes started (the answers come
+back in that order). The other ranks change nothing: they apply messages in order. Anything
+whose answer comes back round the ring — a plain pass, an echoed message, the budgets'
+``all_min`` — first completes the passes in flight. The trace notes the most passes in flight
+at a completion when it grows (``in flight 2``: two micro-batches overlapped).
+``SKULK_PIPELINE_OVERLAP=off`` in rank 0's environment turns this off (one batch, a
+benchmark's baseline).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
 
+from skulk.engine import OVERLAP_ENV
 from skulk.engine import _ops as ops
-from skulk.engine._forward import Budgets, Forward, compact
+from skulk.engine._doorbell import DoorbellError
+from skulk.engine._forward import Budgets, Forward, Later, compact
 from skulk.engine._ring import CollectiveError, Ring, budget_tokens
 from skulk.engine._rows import drop_row, join_rows, kv_bytes_per_token
-from skulk.engine._shard import Shard
+from skulk.engine._shard import PipelineShard, Shard
 from skulk.engine._watchdog import CollectiveWatchdog
 
 log = logging.getLogger("skulk.engine")
@@ -76,6 +97,11 @@ class ShardForward(Forward):
         self._next_key = 1
         self._idle_ms = IDLE_MIN_MS
         self._what = "forward"  # the kind of the turn in progress (for a failure's message)
+        self._flight: deque[Later] = deque()  # passes started, not completed, oldest first
+        self._traced_flight = 1  # the most passes in flight at a completion so far (traced)
+        overlap = os.environ.get(OVERLAP_ENV, "on") != "off"
+        if overlap and isinstance(shard, PipelineShard) and shard.doorbell is not None:
+            self.micro_batches = self._ring.world  # one micro-batch per stage
 
     # ---- caches -------------------------------------------------------------------------------
 
@@ -146,10 +172,41 @@ class ShardForward(Forward):
         self._flush()
 
     def __call__(self, tokens: mx.array, cache: list[Any] | None = None) -> mx.array:
+        self._drain()
         self._issue(cache, tokens, back=True)
         return self._shard.logits(tokens, cache)
 
+    def start(self, tokens: mx.array, cache: list[Any]) -> mx.array | Later:
+        """With micro-batches (a pipeline with a doorbell): rank 0's layers of the pass,
+        computed and sent on, and a :class:`Later` whose value waits for the last rank's
+        answer (see the module doc, **Overlap**); otherwise the plain call."""
+        if self.micro_batches == 1:
+            return self(tokens, cache)
+        assert isinstance(self._shard, PipelineShard)
+        self._issue(cache, tokens, back=True)
+        item = Later(self._shard.start(tokens, cache))
+        self._flight.append(item)
+        return Later(lambda: self._through(item))
+
+    def _through(self, item: Later) -> mx.array:
+        """Complete the passes in flight up to ``item``, oldest first (the answers come back
+        in that order), under the collective deadline."""
+        with self._ring.collective("forward(decode)") as note:
+            if len(self._flight) > self._traced_flight:  # the trace notes a new most
+                self._traced_flight = len(self._flight)
+                note.detail = f"in flight {self._traced_flight}"
+            while not item.done:
+                self._flight.popleft().value()
+        return item.value()
+
+    def _drain(self) -> None:
+        """Complete every pass in flight: before a pass or message whose answer comes back
+        (it would come after theirs)."""
+        if self._flight:
+            self._through(self._flight[-1])
+
     def hidden(self, tokens: mx.array, cache: list[Any] | None = None) -> mx.array:
+        self._drain()
         self._issue(cache, tokens, back=True)
         return self._shard.hidden(tokens, cache)
 
@@ -162,6 +219,7 @@ class ShardForward(Forward):
     ) -> Budgets:
         """Every rank's budgets in tokens, the least of each agreed (``all_min``), in rank
         0's bytes."""
+        self._drain()
         cache = self.new_cache()
         self.fill(mx.array([[0]]), cache)
         per_token = kv_bytes_per_token(cache)
@@ -174,6 +232,8 @@ class ShardForward(Forward):
     # ---- the loop -----------------------------------------------------------------------------
 
     def _flush(self, idle_ms: int = 0, echo: bool = False) -> None:
+        if echo:
+            self._drain()
         # The same list object throughout: the caches' finalizers append to it.
         todo = list(self._pending)
         del self._pending[: len(todo)]
@@ -196,10 +256,11 @@ class ShardForward(Forward):
         return idle_ms / 1000
 
     def check(self, error: Exception) -> None:
-        """A failed step: a compute-group failure (mlx says ``[ring]``) ends the group at once;
+        """A failed step: a compute-group failure (mlx says ``[ring]``, or a neighbour closed
+        the doorbell) ends the group at once;
         otherwise the group must still answer a message round the ring, and the failure was
         the step's own (only its requests fail)."""
-        if "[ring]" in str(error):
+        if "[ring]" in str(error) or isinstance(error, DoorbellError):
             self._ring.broken = True
             raise CollectiveError(f"{self._what} at step {self._ring.seq} failed: {error}")
         self._flush(echo=True)

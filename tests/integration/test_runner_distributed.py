@@ -21,6 +21,7 @@ import attrs
 import pytest
 import trio
 
+from skulk.engine import OVERLAP_ENV
 from skulk.engine._engine import Engine
 from skulk.engine._single import decode_alone
 from skulk.models import ensure_demo_model
@@ -170,11 +171,16 @@ async def test_sharded_instance_generates_what_one_process_does(
     assert all(r.failure is None for r in group.runners)
 
 
-async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path]) -> None:
+async def test_concurrent_requests_and_cancel_in_lockstep(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two seeded requests at once give what each gives alone; a cancelled request's row leaves
     the decode batch on every rank (rank 1 traces the drop), and the instance goes on serving;
     stopping rank 0 ends every rank cleanly — rank 1 too, though it takes a while to exit after
-    saying ``group_stopped`` (its node waits for it rather than signal it)."""
+    saying ``group_stopped`` (its node waits for it rather than signal it). One decode batch:
+    the pipeline's micro-batches (two requests would decode apart, overlapped) are off here,
+    see tests/integration/test_pipeline_overlap.py for them."""
+    monkeypatch.setenv(OVERLAP_ENV, "off")
     model = models["llama"]
     specs = shard_specs("pipeline", loopback_hosts(2), LAYERS)
     params = [attrs.evolve(SAMPLED, seed=s, max_tokens=24) for s in (11, 12)]
@@ -217,9 +223,13 @@ async def test_concurrent_requests_and_cancel_in_lockstep(models: dict[str, Path
     assert [r.statistics().exit_code for r in group.runners] == [0, 0]
 
 
-@pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
+@pytest.mark.parametrize(
+    ("sharding", "overlap"),
+    [("pipeline", False), ("pipeline", True), ("tensor", False)],
+    ids=["pipeline", "pipeline-overlap", "tensor"],
+)
 async def test_concurrent_requests_share_each_decode_step(
-    models: dict[str, Path], sharding: str
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, sharding: str, overlap: bool
 ) -> None:
     """Continuous batching in lockstep: seeded requests of different lengths join a running
     request's decode batch (one of them after a prompt longer than a prefill chunk, prefilled
@@ -228,7 +238,11 @@ async def test_concurrent_requests_share_each_decode_step(
     ``forward(decode)`` collective per step, for several rows at once.
 
     Rank 1 runs every decode step of every row 10 ms slow (a fault), so the first request is
-    still decoding when the others arrive (it needs 64 steps: at least 0.6 s)."""
+    still decoding when the others arrive (it needs 64 steps: at least 0.6 s). With a
+    pipeline's overlap the rows decode in two micro-batches (rows join the smaller one), so a
+    pass carries at least two rows rather than three."""
+    if not overlap:
+        monkeypatch.setenv(OVERLAP_ENV, "off")
     model = models["llama"]
     specs = shard_specs(sharding, loopback_hosts(2), LAYERS)  # type: ignore[arg-type]
     long_prompt = TextPrompt(" ".join(f"w{i}" for i in range(300)))  # > one prefill chunk
@@ -272,7 +286,8 @@ async def test_concurrent_requests_share_each_decode_step(
             await until_traced(rank1, "drop", first_at(rank0, "request.cancel"))
             # A step's decode is one forward pass along the ring, whatever the batch's rows:
             # rank 1 notes the row count when it changes.
-            while max(batched_rows(rank1), default=0) < 3:  # noqa: ASYNC110 - see until_traced
+            most = 2 if overlap else 3
+            while max(batched_rows(rank1), default=0) < most:  # noqa: ASYNC110 - see until_traced
                 await trio.sleep(0.02)
             steps = [
                 e.detail.split()[2]
