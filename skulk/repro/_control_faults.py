@@ -50,9 +50,26 @@ CONTROL_FLAGS = {**NODE_FLAGS, "route-idle-timeout": "4", "election-timeout": "0
 KILL_POLL = 0.005
 
 
-def _raft(node: Node) -> dict[str, object]:
+def raft_of(node: Node) -> dict[str, object]:
+    """``GET /v1/cluster/raft`` of ``node`` (empty when it does not answer)."""
     body = node.get("/v1/cluster/raft", budget=2.0).body
     return body if isinstance(body, dict) else {}
+
+
+def check_one_instance(s: Session, instance: str) -> None:
+    """The model has exactly ``instance`` now, and no other instance was ever seen (no retry
+    placed a second one), once one shows."""
+
+    def now() -> list[str]:
+        return [v.id for v in s.watch.instances() if v.model == MODEL]
+
+    s.wait_until(lambda: bool(now()), MARGIN)
+    ids, ever = now(), [i for i in s.watch.instance_ids() if i]
+    s.check(
+        "exactly one instance exists, and no other was ever seen",
+        ids == [instance] and ever == [instance],
+        f"now {ids}; ever seen {ever}",
+    )
 
 
 def require_voters(s: Session, leader: Node, nodes: list[Node]) -> None:
@@ -61,7 +78,7 @@ def require_voters(s: Session, leader: Node, nodes: list[Node]) -> None:
     ids = {n.node_id for n in nodes}
 
     def all_vote() -> bool:
-        raft = _raft(leader)
+        raft = raft_of(leader)
         voters = raft.get("voters")
         return (
             raft.get("leader") == leader.node_id
@@ -73,7 +90,7 @@ def require_voters(s: Session, leader: Node, nodes: list[Node]) -> None:
     s.require(
         f"{leader.name} leads and all {len(nodes)} nodes vote",
         took is not None,
-        f"after {took:.1f}s" if took is not None else f"raft: {_raft(leader)}",
+        f"after {took:.1f}s" if took is not None else f"raft: {raft_of(leader)}",
     )
 
 
@@ -105,7 +122,7 @@ def _leader_lost_mid_placement(s: Session) -> None:
         PLACE_BUDGET,
     )  # fmt: skip
     s.require("a dry run through node 2 plans the placement", dry is not None)
-    before = _raft(a).get("last_index")
+    before = raft_of(a).get("last_index")
     s.require("node 1's Raft log index is readable", isinstance(before, int), str(before))
     assert isinstance(before, int)
     killed: list[tuple[float, object]] = []
@@ -117,7 +134,7 @@ def _leader_lost_mid_placement(s: Session) -> None:
         # milliseconds: kill it the moment its log grows, mid-placement.
         sent.wait(PLACE_DEADLINE)
         while not over.is_set():
-            index = _raft(a).get("last_index")
+            index = raft_of(a).get("last_index")
             if isinstance(index, int) and index > before:
                 a.kill()
                 killed.append((time.monotonic(), index))
@@ -152,7 +169,7 @@ def _leader_lost_mid_placement(s: Session) -> None:
     leaders: list[object] = []
 
     def new_leader() -> bool:
-        seen = {_raft(n).get("leader") for n in (b, c)}
+        seen = {raft_of(n).get("leader") for n in (b, c)}
         leaders[:] = sorted(str(x) for x in seen)
         return len(seen) == 1 and seen.pop() in (b.node_id, c.node_id)
 
@@ -179,19 +196,8 @@ def _leader_lost_mid_placement(s: Session) -> None:
         retried == ours,
         f"first try {ours}, retry {retried}",
     )
-
-    def instances_of_model() -> list[str]:
-        return [v.id for v in s.watch.instances() if v.model == MODEL]
-
-    s.wait_until(lambda: bool(instances_of_model()), MARGIN)
-    now = instances_of_model()
-    ever = [i for i in s.watch.instance_ids() if i]
-    s.check(
-        "exactly one instance exists, and no other was ever seen",
-        now == [retried] and ever == [retried],
-        f"now {now}; ever seen {ever}",
-    )
     assert isinstance(retried, str)
+    check_one_instance(s, retried)
     wait_serving(s, "the instance serves on node 2", instance=retried)
     fresh_request_via(s, c, "a fresh request through node 3 succeeds")
     check_converged(s, [b, c])

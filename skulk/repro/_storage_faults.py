@@ -41,6 +41,8 @@ from skulk.repro._cluster_steps import PLACE_BUDGET, fresh_request_via, start_cl
 from skulk.repro._control_faults import (
     CONTROL_FLAGS,
     PLACE_DEADLINE,
+    check_one_instance,
+    raft_of,
     require_voters,
     typed_answer,
 )
@@ -112,11 +114,6 @@ class FullDisk:
             self._planted = None
 
 
-def _raft(node: Node) -> dict[str, object]:
-    body = node.get("/v1/cluster/raft", budget=2.0).body
-    return body if isinstance(body, dict) else {}
-
-
 def _place(
     s: Session, node: Node, key: str, *, dry_run: bool = False, on: Node | None = None
 ) -> Reply:
@@ -169,7 +166,7 @@ def _raft_storage_full(s: Session) -> None:
     said: list[str] = []
 
     def says_why() -> bool:
-        raft, health = _raft(a), a.get("/health")
+        raft, health = raft_of(a), a.get("/health")
         said[:] = [f"raft unavailable={raft.get('unavailable')}, /health {health.describe()}"]
         return (
             raft.get("unavailable") == "disk_full"
@@ -193,7 +190,7 @@ def _raft_storage_full(s: Session) -> None:
     hits = disk.hits
     disk.stop()
     reopened = s.wait_until(
-        lambda: _raft(a).get("unavailable") is None and _raft(a).get("leader") == a.node_id,
+        lambda: raft_of(a).get("unavailable") is None and raft_of(a).get("leader") == a.node_id,
         REOPEN_BOUND,
     )
     s.require(
@@ -201,7 +198,7 @@ def _raft_storage_full(s: Session) -> None:
         reopened is not None,
         f"after {reopened:.1f}s ({hits} writes failed ENOSPC meanwhile)"
         if reopened is not None
-        else f"raft: {_raft(a)}",
+        else f"raft: {raft_of(a)}",
     )
     retry = _place(s, a, key)
     placed = retry.field("instance", "id")
@@ -210,15 +207,8 @@ def _raft_storage_full(s: Session) -> None:
         retry.status == 201 and isinstance(placed, str),
         retry.describe(),
     )
-    s.wait_until(lambda: any(v.model == MODEL for v in s.watch.instances()), MARGIN)
-    ids = [v.id for v in s.watch.instances() if v.model == MODEL]
-    ever = s.watch.instance_ids()
-    s.check(
-        "exactly one instance exists, and no other was ever seen",
-        ids == [placed] and ever == [placed],
-        f"now {ids}; ever seen {ever}",
-    )
     assert isinstance(placed, str)
+    check_one_instance(s, placed)
     wait_serving(s, "the instance serves", instance=placed)
     fresh_request_via(s, a, "a fresh request succeeds")
     s.check(
@@ -257,7 +247,7 @@ def _leader_storage_full(s: Session) -> None:
     leaders: list[str] = []
 
     def new_leader() -> bool:
-        seen = {str(_raft(n).get("leader")) for n in (b, c)}
+        seen = {str(raft_of(n).get("leader")) for n in (b, c)}
         leaders[:] = sorted(seen)
         return len(seen) == 1 and seen.pop() in (b.node_id, c.node_id)
 
@@ -270,7 +260,7 @@ def _leader_storage_full(s: Session) -> None:
     said: list[str] = []
 
     def says_why() -> bool:
-        raft = _raft(a)
+        raft = raft_of(a)
         said[:] = [f"raft unavailable={raft.get('unavailable')}, role={raft.get('role')}"]
         return raft.get("unavailable") == "disk_full"
 
@@ -298,23 +288,18 @@ def _leader_storage_full(s: Session) -> None:
     leader = leaders[0]
 
     def rejoined() -> bool:
-        raft = _raft(a)
+        raft = raft_of(a)
         return raft.get("unavailable") is None and raft.get("leader") == leader
 
     back = s.wait_until(rejoined, REOPEN_BOUND)
     s.require(
         "once space is back, node 1 reopens its storage and follows the new leader",
         back is not None,
-        f"after {back:.1f}s" if back is not None else f"raft: {_raft(a)}",
+        f"after {back:.1f}s" if back is not None else f"raft: {raft_of(a)}",
     )
     assert isinstance(placed, str)
     wait_serving(s, "the instance serves on node 2", instance=placed)
-    ids = [v.id for v in s.watch.instances() if v.model == MODEL]
-    s.check(
-        "exactly one instance exists, and no other was ever seen",
-        ids == [placed] and s.watch.instance_ids() == [placed],
-        f"now {ids}; ever seen {s.watch.instance_ids()}",
-    )
+    check_one_instance(s, placed)
     fresh_request_via(s, a, "a fresh request through node 1 succeeds")
     check_converged(s, [a, b, c])
     s.check("node 1 never restarted", a.pid == pid and a.serving, f"pid {pid} throughout")
