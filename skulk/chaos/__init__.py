@@ -6,9 +6,10 @@ restart on the same data dir, SIGSTOP then SIGCONT) is played against N real
 completions through the official ``openai`` client, streamed and plain, through randomly
 chosen nodes, and placements and deletions through the HTTP API. Every operation and fault
 is recorded in a :class:`History`; once the faults heal, the cluster is observed and
-Jepsen-style checkers judge the history (:func:`check_all`: deadlines, streams, control
-commands, convergence, strays, health). The summary prints as ``rich`` tables; a failing
-schedule is written out and replays with ``python -m skulk.chaos replay FILE``.
+Jepsen-style checkers judge the history (:func:`check_all`: deadlines, streams, what the
+runners produced, control commands, convergence, strays, health). The summary prints as
+``rich`` tables; a failing schedule is written out and replays with
+``python -m skulk.chaos replay FILE``.
 """
 
 from skulk.chaos._checks import (
@@ -18,11 +19,12 @@ from skulk.chaos._checks import (
     check_converged,
     check_deadlines,
     check_healthy,
+    check_produced,
     check_strays,
     check_streams,
 )
 from skulk.chaos._history import FaultRecord, History, Op
-from skulk.chaos._observe import Bounds, Final, NodeFinal
+from skulk.chaos._observe import Bounds, Final, NodeFinal, read_produced
 from skulk.chaos._run import FLAGS, RunResult, execute, request_deadline
 from skulk.chaos._schedule import FaultEvent, Schedule, ScheduleError, generate
 from skulk.chaos._summary import print_summary, summary_tables
@@ -50,11 +52,13 @@ __all__ = [
     "check_converged",
     "check_deadlines",
     "check_healthy",
+    "check_produced",
     "check_strays",
     "check_streams",
     "execute",
     "generate",
     "print_summary",
+    "read_produced",
     "request_deadline",
     "summary_tables",
 ]

@@ -9,6 +9,12 @@
 * **streams** — every successful completion of a prompt (greedy: ``temperature`` 0) to the
   same ``max_tokens`` has the same text, and every failed one delivered a prefix of it: no
   duplicated, reordered, lost or foreign token, through any node, before or after any fault.
+* **produced** — every chat's text is what the runner that served it produced for its request
+  id (``x-request-id``; the nodes write each chunk their runners send down, see
+  :mod:`skulk.runner._produced`): a success equal to that runner's whole text, a failure a
+  prefix of it. A text no runner produced for that id — a token from another request, one
+  twice, or out of order — fails it. (A request retried on a second instance before any of its
+  output reached the client may have two runners' texts; it must match one of them.)
 * **control** — every deletion the API acknowledged is absent from the final State, and the
   number of instances in it is what the acknowledged commands make it: between
   ``placed - deleted - unknown deletions`` and ``placed + unknown placements - deleted``,
@@ -118,6 +124,34 @@ def check_streams(ops: list[Op]) -> CheckResult:
     )
 
 
+def check_produced(ops: list[Op], final: Final) -> CheckResult:
+    texts = [op for op in ops if op.kind in ("chat", "stream") and op.request_id is not None]
+    bad: list[str] = []
+    matched = partial = 0
+    for op in texts:
+        runners = final.produced.get(op.request_id or "", ())
+        if op.outcome == "ok":
+            good = op.text in runners or (not op.text and not runners)
+        else:
+            good = not op.text or any(r.startswith(op.text) for r in runners)
+        if not good:
+            what = " or ".join(repr(r) for r in runners) or "nothing"
+            bad.append(f"{op.request_id}: {_describe(op)} delivered {op.text!r}; its runner "
+                       f"produced {what}")  # fmt: skip
+        elif op.text:
+            matched += op.outcome == "ok"
+            partial += op.outcome != "ok"
+    twice = sum(len(final.produced.get(op.request_id or "", ())) > 1 for op in texts)
+    return CheckResult(
+        "produced",
+        not bad,
+        len(bad),
+        f"{matched} answers equal their runner's text, {partial} partial ones a prefix of it "
+        f"({twice} with text from two runners: retried before any reached the client)",
+        tuple(bad[:EXAMPLES]),
+    )
+
+
 def check_control(ops: list[Op], final: Final) -> CheckResult:
     places = [op for op in ops if op.kind == "place"]
     deletes = [op for op in ops if op.kind == "delete"]
@@ -183,6 +217,7 @@ def check_all(
     return [
         check_deadlines(ops, faults, deadline),
         check_streams(ops),
+        check_produced(ops, final),
         check_control(ops, final),
         check_converged(final, converge_bound),
         check_strays(final),

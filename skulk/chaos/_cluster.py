@@ -38,6 +38,7 @@ from skulk.chaos._namespace import mount_small_fs, unmount
 from skulk.config import COMPUTE_PORTS_COUNT
 from skulk.harness import NodeProcess, Proxies
 from skulk.repro import runner_children
+from skulk.runner import PRODUCED_FILE_ENV
 
 #: Node output lines kept (the summary prints a failing node's tail).
 LOG_KEPT = 2000
@@ -213,12 +214,19 @@ class ChaosCluster:
                 mount_small_fs(home, NODE_DISK_BYTES)
             (home / "models").symlink_to(models)
             node_env = clock_env(home, env) if clock else env
+            # Outside the node's data dir: a full disk must not cut the record short.
+            node_env = {**node_env, PRODUCED_FILE_ENV: str(root / f"node{i}.produced.jsonl")}
             first = base + (i - 1) * PORTS_PER_NODE
             self.nodes.append(ChaosNode(i, home, args, node_env, host, first))
         self._runner_pids: dict[int, set[int]] = {n.index: set() for n in self.nodes}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="chaos-pids", daemon=True)
+
+    def produced_files(self) -> list[Path]:
+        """Each node's record of what its runners produced (see
+        :mod:`skulk.runner._produced`)."""
+        return [self.root / f"node{n.index}.produced.jsonl" for n in self.nodes]
 
     def node(self, index: int) -> ChaosNode:
         return self.nodes[index - 1]

@@ -44,6 +44,8 @@ class Op:
     max_tokens: int = 0
     #: place: the instance id the API acknowledged; delete: the instance asked for.
     instance: str | None = None
+    #: chat/stream: the ``x-request-id`` it was sent with (the id runners record its text by).
+    request_id: str | None = None
 
     @property
     def took(self) -> float:

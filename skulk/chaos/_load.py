@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
@@ -140,23 +141,28 @@ class Load:
         messages: list[openai.types.chat.ChatCompletionMessageParam] = [
             {"role": "user", "content": PROMPTS[prompt]}
         ]
+        request_id = f"chaos-{uuid.uuid4().hex}"
+        headers = {"x-request-id": request_id}
         start = time.monotonic()
         text: list[str] = []
 
         def op(outcome: str, **kw: object) -> Op:
             return Op(kind, node, start, time.monotonic(), outcome, prompt=prompt,  # type: ignore[arg-type]
-                      text="".join(text), max_tokens=max_tokens, **kw)  # type: ignore[arg-type]  # fmt: skip
+                      text="".join(text), max_tokens=max_tokens, request_id=request_id,
+                      **kw)  # type: ignore[arg-type]  # fmt: skip
 
         try:
             if not stream:
                 reply = client.chat.completions.create(
-                    model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0
+                    model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0,
+                    extra_headers=headers,
                 )
                 text.append(reply.choices[0].message.content or "")
                 return op("ok", status=200)
             finished = None
             with client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+                model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
+                extra_headers=headers,
             ) as chunks:
                 for chunk in chunks:
                     for choice in chunk.choices:

@@ -13,7 +13,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 import attrs
 import httpx
@@ -55,6 +56,9 @@ class Final:
     instances: tuple[str, ...]
     #: Runner pids seen during the run, still alive, whose node is not their parent now.
     orphans: tuple[int, ...]
+    #: What runners produced, by request id: the whole text of each runner that sent any
+    #: chunk for it (see :func:`read_produced`).
+    produced: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
 
 def _get(url: str) -> httpx.Response | None:
@@ -174,7 +178,29 @@ def observe(cluster: ChaosCluster, bounds: Bounds, model: str) -> Final:
                 assigned,
             )
         )
-    return Final(tuple(nodes), converged, ids, tuple(orphans))
+    return Final(tuple(nodes), converged, ids, tuple(orphans),
+                 read_produced(cluster.produced_files()))  # fmt: skip
+
+
+def read_produced(paths: Iterable[Path]) -> dict[str, tuple[str, ...]]:
+    """The nodes' records of what their runners produced (:mod:`skulk.runner._produced`) as
+    request id → the text of each runner (a node's file and pid) that produced any, its chunks
+    joined in the order they were written. A missing file is an empty record; a torn last
+    line (a write cut short) is skipped."""
+    texts: dict[str, dict[tuple[int, int], list[str]]] = {}
+    for f, path in enumerate(paths):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            try:
+                item = json.loads(line)
+                rid, runner, text = str(item["id"]), int(item["runner"]), str(item["text"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            texts.setdefault(rid, {}).setdefault((f, runner), []).append(text)
+    return {rid: tuple("".join(chunks) for chunks in by.values()) for rid, by in texts.items()}
 
 
 def _parent(pid: int) -> int | None:

@@ -37,11 +37,13 @@ from skulk.runner._local_group import (
     shard_specs,
 )
 from skulk.runner._process import Runner
+from skulk.runner._produced import PRODUCED_FILE_ENV
 from skulk.runner._recorder import FlightEvent, FlightRecorder
 from skulk.runner._request_table import RequestEvent
 
 __all__ = [
     "CPU_BLAS",
+    "PRODUCED_FILE_ENV",
     "TRANSITIONS",
     "CancelTimeout",
     "CollectiveFailed",

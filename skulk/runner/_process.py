@@ -47,6 +47,7 @@ from skulk.runner._lifecycle import Lifecycle
 from skulk.runner._link import RunnerLink
 from skulk.runner._output import RunnerOutput
 from skulk.runner._pause import PauseWatch, pause_deadline
+from skulk.runner._produced import produced_sink
 from skulk.runner._pump import FramePump
 from skulk.runner._recorder import FlightEvent, FlightRecorder
 from skulk.runner._request_table import RequestEvent, RequestTable
@@ -104,7 +105,7 @@ class Runner:
         self._lifecycle = Lifecycle(self.recorder, lambda: on_phase(self) if on_phase else None)
         self._output = RunnerOutput(who)
         self._link = RunnerLink()
-        self._table = RequestTable(self.recorder)
+        self._table = RequestTable(self.recorder, self._produced_sink())
         self._watchdog = Watchdog(
             who, cfg, shard, self._table, self._link, self.recorder, self._output
         )
@@ -272,6 +273,16 @@ class Runner:
             raise
         finally:
             await self._stop(proc)
+
+    def _produced_sink(self) -> Callable[[str, str], None] | None:
+        """Where the text this runner sends is written down (chaos runs only: see
+        :mod:`skulk.runner._produced`), tagged with its pid."""
+        sink = produced_sink()
+        if sink is None:
+            return None
+        return lambda request_id, text: sink(
+            request_id, self._proc.pid if self._proc is not None else 0, text
+        )
 
     # ---- lifecycle ------------------------------------------------------------------------
 

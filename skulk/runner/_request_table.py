@@ -15,6 +15,7 @@ waits: a consumer that falls :data:`REQUEST_BUFFER` chunks behind is ended with
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -49,10 +50,15 @@ class Delivery:
 
 
 class RequestTable:
-    """The requests of one runner incarnation; events go to ``recorder``."""
+    """The requests of one runner incarnation; events go to ``recorder``, and the text of every
+    chunk the runner sent for a request in flight to ``produced`` (its recorded id and the
+    text), when given."""
 
-    def __init__(self, recorder: FlightRecorder) -> None:
+    def __init__(
+        self, recorder: FlightRecorder, produced: Callable[[str, str], None] | None = None
+    ) -> None:
         self._recorder = recorder
+        self._produced = produced
         self._channels: dict[str, trio.MemorySendChannel[RequestEvent]] = {}
         #: Requests the runner works on: request id → its first token was seen.
         self.inflight: dict[str, bool] = {}
@@ -161,6 +167,8 @@ class RequestTable:
         idle = False
         if isinstance(frame, TokenChunk):
             self.tokens_out += len(frame.token_ids)
+            if self._produced is not None:
+                self._produced(self._name(rid), frame.text)
             if not self.inflight[rid]:
                 self.inflight[rid] = True
                 if (sent := self._sent_at.pop(rid, None)) is not None:

@@ -3,6 +3,9 @@ violation it exists for."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 import attrs
 
 from skulk.chaos import (
@@ -15,16 +18,20 @@ from skulk.chaos import (
     check_converged,
     check_deadlines,
     check_healthy,
+    check_produced,
     check_strays,
     check_streams,
+    read_produced,
 )
 
 DEADLINE = 40.0
 
 
 def chat(start: float, took: float, outcome: str = "ok", *, node: int = 1, text: str = "abc",
-         prompt: int = 0, status: int | None = 200, kind: str = "stream") -> Op:  # fmt: skip
-    return Op(kind, node, start, start + took, outcome, status=status, text=text, prompt=prompt)  # type: ignore[arg-type]
+         prompt: int = 0, status: int | None = 200, kind: str = "stream",
+         request_id: str | None = None) -> Op:  # fmt: skip
+    return Op(kind, node, start, start + took, outcome, status=status, text=text, prompt=prompt,  # type: ignore[arg-type]
+              request_id=request_id)  # fmt: skip
 
 
 def control(kind: str, outcome: str, status: int | None, instance: str | None) -> Op:
@@ -39,14 +46,19 @@ def node(index: int, **kw: object) -> NodeFinal:
 
 
 def final(*nodes: NodeFinal, instances: tuple[str, ...] = ("i1",), converged: float | None = 1.0,
-          orphans: tuple[int, ...] = ()) -> Final:  # fmt: skip
-    return Final(nodes or (node(1), node(2), node(3)), converged, instances, orphans)
+          orphans: tuple[int, ...] = (),
+          produced: Mapping[str, tuple[str, ...]] | None = None) -> Final:  # fmt: skip
+    return Final(nodes or (node(1), node(2), node(3)), converged, instances, orphans,
+                 produced or {})  # fmt: skip
 
 
 def test_a_clean_history_passes_every_check() -> None:
-    ops = [chat(0, 1), chat(1, 2, kind="chat"), chat(2, 0.5, "error", status=503, text=""),
+    ops = [chat(0, 1, request_id="r1"), chat(1, 2, kind="chat", request_id="r2"),
+           chat(2, 0.5, "error", status=503, text="", request_id="r3"),
            control("place", "ok", 201, "i1")]  # fmt: skip
-    results = check_all(ops, [], final(), deadline=DEADLINE, converge_bound=30, healthy_bound=60)
+    produced = {"r1": ("abc",), "r2": ("abc",)}
+    results = check_all(ops, [], final(produced=produced), deadline=DEADLINE, converge_bound=30,
+                        healthy_bound=60)  # fmt: skip
     assert [r.name for r in results if not r.passed] == []
 
 
@@ -116,3 +128,31 @@ def test_answers_are_compared_per_length_asked_for() -> None:
     assert check_streams([short, long, cut]).passed
     other = attrs.evolve(chat(0, 1, text="the fox sat"), max_tokens=256)
     assert not check_streams([short, long, long, other]).passed
+
+
+def test_each_text_must_be_what_its_runner_produced_for_that_request_id() -> None:
+    produced = {"ok": ("abc",), "cut": ("abcdef",), "two": ("", "xyz"), "short": ("abcd",),
+                "foreign": ("abc",), "dup": ("abc",)}  # fmt: skip
+    good = [chat(0, 1, text="abc", request_id="ok"),
+            chat(0, 1, "error", text="abc", request_id="cut"),  # a prefix: cut mid-stream
+            chat(0, 1, text="xyz", request_id="two"),  # retried before output reached it
+            chat(0, 1, "error", text="", request_id="none")]  # fmt: skip
+    r = check_produced(good, final(produced=produced))
+    assert r.passed, r
+    bad = [chat(0, 1, text="abc", request_id="short"),  # a success missing the runner's tail
+           chat(0, 1, "error", text="abx", request_id="foreign"),  # a token it never made
+           chat(0, 1, text="abcabc", request_id="dup"),  # a chunk delivered twice
+           chat(0, 1, text="abc", request_id="nobody")]  # text no runner produced for the id
+    r = check_produced(bad, final(produced=produced))
+    assert not r.passed and r.violations == 4
+    assert all(any(rid in e for e in r.examples) for rid in ("short", "foreign", "dup", "nobody"))
+
+
+def test_the_record_is_read_per_runner_in_write_order(tmp_path: Path) -> None:
+    a, b = tmp_path / "node1.jsonl", tmp_path / "node2.jsonl"
+    a.write_text('{"id": "r", "runner": 7, "text": "ab"}\n{"id": "q", "runner": 7, "text": "z"}\n'
+                 '{"id": "r", "runner": 7, "text": "c"}\n{"id": "r", "runner": 8, "text": "x"}\n'
+                 '{"id": "r", "runn')  # a torn last line  # fmt: skip
+    b.write_text('{"id": "r", "runner": 7, "text": "y"}\n')  # same pid, another node
+    got = read_produced([a, b, tmp_path / "missing.jsonl"])
+    assert got == {"r": ("abc", "x", "y"), "q": ("z",)}

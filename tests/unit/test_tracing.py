@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from skulk.api._guard import RequestGuard
 from skulk.diagnostics import ClusterTimeline, journal_events
 from skulk.diagnostics._timeline import CODEC
 from skulk.federation import RpcFailed
+from skulk.runner._produced import ProducedFile
 from skulk.runner._recorder import FlightRecorder
 from skulk.runner._request_table import RequestTable
 from skulk.tracing import (
@@ -291,6 +293,39 @@ async def _names_the_api_request() -> None:
     assert events[3].detail == "3 of 3 prompt tokens"
     assert "prompt 3, 2 cached" in events[5].detail
     assert table._names == {} and table._admitted == set()  # nothing kept
+
+
+def test_what_a_runner_produced_is_written_down_under_the_api_requests_id() -> None:
+    trio.run(_produced_under_the_api_requests_id)
+
+
+async def _produced_under_the_api_requests_id() -> None:
+    seen: list[tuple[str, str]] = []
+    table = RequestTable(FlightRecorder(), lambda rid, text: seen.append((rid, text)))
+    table.open("internal-1")
+    with request_scope("client-7"):
+        table.start("internal-1")
+    table.deliver(TokenChunk("internal-1", (1,), "Hel"))
+    table.close("internal-1")  # the consumer left: what the runner still sends was produced
+    table.deliver(TokenChunk("internal-1", (2,), "lo"))
+    table.deliver(TokenChunk("stranger", (3,), "x"))  # not in flight: not this runner's text
+    table.deliver(Finished("internal-1", GenerationEnd("cancelled", Usage(3, 2))))
+    table.deliver(TokenChunk("internal-1", (4,), "late"))  # after its end: ignored
+    assert seen == [("client-7", "Hel"), ("client-7", "lo")]
+
+
+def test_the_produced_file_appends_json_lines_and_a_failed_write_stops_it(tmp_path: Path) -> None:
+    path = tmp_path / "produced.jsonl"
+    sink = ProducedFile(str(path))
+    sink("client-7", 42, "Hel")
+    sink("client-7", 42, 'lo "x"\n')
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert lines == [{"id": "client-7", "runner": 42, "text": "Hel"},
+                     {"id": "client-7", "runner": 42, "text": 'lo "x"\n'}]  # fmt: skip
+    broken = ProducedFile(str(tmp_path / "no" / "such" / "dir.jsonl"))
+    broken("client-7", 42, "a")  # logs once, never raises: the record never fails a request
+    broken("client-7", 42, "b")
+    assert not (tmp_path / "no").exists()
 
 
 # ---- one request's timeline ---------------------------------------------------------------------
