@@ -1,5 +1,6 @@
 """``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--stream-interval S]
-[--speculative-tokens N] [--home DIR]`` and ``python -m skulk.bench raft [--json] [--clients N]
+[--speculative-tokens N] [--temperature T] [--seed N] [--home DIR]`` and ``python -m
+skulk.bench raft [--json] [--clients N]
 [--duration S] [--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
 [--baseline-no-fsync]`` and ``python -m skulk.bench placement [--json] [--nodes N]
 [--repeats N]`` and ``python -m skulk.bench cluster [--json] [--max-tokens N] [--repeats N]
@@ -8,7 +9,7 @@
 [--intermediate-size N] [--transfer-mib N] [--transfer-rounds N] [--concurrency 1,4,8]`` and
 ``python -m skulk.bench load [--json] [--model demo|large] [--levels 1,8,16] [--rounds N]
 [--max-tokens N]
-[--modes throughput,prefix,speculative,sharegpt] [--rates 2,4,8] [--requests N]
+[--modes throughput,prefix,speculative,sharegpt,blas] [--rates 2,4,8] [--requests N]
 [--chat-chars N] [--home DIR]`` and ``python -m
 skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
@@ -49,6 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="pass --speculative-tokens to the node (0: plain decoding, to compare per-token "
         "overhead alone; default: the node's own default)",
+    )
+    serve.add_argument(
+        "--temperature",
+        type=_temperature,
+        default=0.0,
+        help="sample free text at this temperature on both sides, a different prompt per pair "
+        "(default 0: greedy, one fixed prompt)",
+    )
+    serve.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        help="sampled runs: seeds the prompt list; pair i samples with seed + i (default 0)",
     )
     serve.add_argument(
         "--home", type=Path, default=None, help="data dir to use (default: a temporary one)"
@@ -103,14 +117,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     load.add_argument("--json", action="store_true", help="print only the JSON result")
     load.add_argument("--model", choices=("demo", "large"), default="demo")
-    load.add_argument("--levels", type=_ints, default=(1, 8, 16), help="concurrent streams")
+    load.add_argument(
+        "--levels",
+        type=_ints,
+        default=None,
+        help="concurrent streams (default 1,8,16; 8 for --modes blas alone)",
+    )
     load.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     load.add_argument("--max-tokens", type=int, default=128)
     load.add_argument(
         "--modes",
         type=_modes,
         default=None,
-        help="throughput,prefix,speculative,sharegpt (default: the first three)",
+        help="throughput,prefix,speculative,sharegpt,blas (default: the first three; blas: "
+        "--cpu-blas openblas vs the reference BLAS vs mlx_lm.server on OpenBLAS, for --model "
+        "large, at 8 streams unless --levels says)",
     )
     load.add_argument(
         "--rates", type=_floats, default=(2.0, 4.0, 8.0), help="sharegpt: Poisson requests/s"
@@ -214,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             args.home,
             args.stream_interval,
             args.speculative_tokens,
+            args.temperature,
+            args.seed,
         ),
         args.json,
         table,
@@ -273,6 +296,26 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(","))
 
 
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 2:
+        raise argparse.ArgumentTypeError(f"give a temperature from 0 to 2: {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"give a seed of 0 or more: {text!r}")
+    return value
+
+
 def _floats(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in text.split(",") if x)
@@ -294,14 +337,15 @@ def _modes(text: str) -> tuple[str, ...]:
 
 def _load(args: argparse.Namespace) -> int:
     from skulk.bench._load import run, table
-    from skulk.bench._load_modes import DEFAULT_MODES, Settings
+    from skulk.bench._load_modes import DEFAULT_MODES, Settings, default_levels
 
+    modes = args.modes or DEFAULT_MODES
     settings = Settings(
         model=args.model,
-        levels=args.levels,
+        levels=args.levels or default_levels(modes),
         rounds=args.rounds,
         max_tokens=args.max_tokens,
-        modes=args.modes or DEFAULT_MODES,
+        modes=modes,
         chat_chars=args.chat_chars,
         home=args.home,
         rates=args.rates,

@@ -58,7 +58,7 @@ FIGURES = ("matmul_ms", "prefill_tokens_s", "decode_tokens_s")
 
 
 def _probe(model: Path, prompt_tokens: int, seed: int, preload: str) -> dict[str, float]:
-    from skulk.runner._blas import preload_env
+    from skulk.runner import preload_env
 
     done = subprocess.run(
         [sys.executable, "-c", PROBE, str(model), str(prompt_tokens), str(seed)],

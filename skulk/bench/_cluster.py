@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from skulk.bench._serve import Run, through_api
+from skulk.bench._serve import PROMPT, Run, through_api
 from skulk.harness import NodeProcess
 
 SECRET = "7c" * 32
@@ -75,8 +75,10 @@ def remote_hop(root: Path, models: Path, max_tokens: int, repeats: int) -> dict[
             httpx.Client(base_url=b.url, timeout=120) as via_b,
         ):
             local, remote = through_api(via_a, max_tokens), through_api(via_b, max_tokens)
-            local(), remote()  # warm-up
-            pairs: list[tuple[Run, Run]] = [(local(), remote()) for _ in range(repeats)]
+            local(PROMPT, 0), remote(PROMPT, 0)  # warm-up; greedy, so the seed is unused
+            pairs: list[tuple[Run, Run]] = [
+                (local(PROMPT, 0), remote(PROMPT, 0)) for _ in range(repeats)
+            ]
     finally:
         b.stop()
         a.stop()

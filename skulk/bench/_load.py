@@ -35,7 +35,17 @@ the same way: OpenAI chat completions, streamed (SSE) with ``httpx``, greedy, a 
   The demo model's greedy output is a short loop whatever the prompt, so there even "free"
   greedy text is a copy; ``--model large`` is the fairer test.
 
-The prefix and speculative modes need node flags that may not exist in this build: each mode
+* **blas** — ``--cpu-blas openblas`` under load (:mod:`skulk.bench._load_blas`): at each level
+  (``--levels``; for ``--modes blas`` alone the default is 8 streams), three servers in turns as
+  in ``throughput``: a node with ``--cpu-blas openblas``, the node with the reference BLAS, and
+  ``mlx_lm.server`` given the same OpenBLAS (the runners' ``LD_PRELOAD`` and
+  ``OPENBLAS_NUM_THREADS``). Reports tokens/s and TTFT per server, Skulk-openblas ÷ Skulk and
+  Skulk-openblas ÷ mlx_lm.server (output tokens/s, medians of per-round ratios), and whether the
+  library is really mapped in each server's processes (``/proc/PID/maps``). Meant for
+  ``--model large``, where BLAS is the cost; needs the ``cpu-blas`` extra (without it the mode
+  reports ``{"available": false, "reason": …}``).
+
+The prefix, speculative and blas modes need node flags that may not exist in this build: each mode
 checks ``python -m skulk serve --help`` first and, without its flag, reports
 ``{"available": false, "reason": …}`` instead of figures.
 
@@ -51,16 +61,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 import attrs
-import trio
 
-from skulk.bench._load_modes import MODES, Settings, prefix, speculative, throughput
+from skulk.bench import _load_blas
+from skulk.bench._load_modes import MODES, Settings, measured, prefix, speculative, throughput
 from skulk.bench._load_servers import (
     MLX_DECODE_CONCURRENCY,
     MLX_PROMPT_CONCURRENCY,
@@ -71,7 +78,6 @@ from skulk.bench._load_servers import (
 )
 from skulk.bench._load_sweep import sharegpt
 
-Servers = TypeVar("Servers", bound=tuple[Server, ...])
 PREFIX_FLAG = "--prefix-cache-memory"
 SPECULATIVE_FLAG = "--speculative-tokens"
 
@@ -139,7 +145,7 @@ def run(settings: Settings) -> dict[str, object]:
             model_dir = models / Path(model).name
             with MlxLmServer(model_dir) as mlx:
                 theirs = Server("mlx_lm_server", mlx.url, "default_model")
-                result["throughput"] = _measured(throughput, (skulk, theirs), settings)
+                result["throughput"] = measured(throughput, (skulk, theirs), settings)
         if "sharegpt" in settings.modes:
             model_dir = models / Path(model).name
             with (
@@ -147,7 +153,9 @@ def run(settings: Settings) -> dict[str, object]:
                 serving_node(root, models, "skulk-no-spec", model, SPECULATIVE_FLAG, "0") as plain,
             ):
                 theirs = Server("mlx_lm_server", mlx.url, "default_model")
-                result["sharegpt"] = _measured(_sweep, (skulk, plain, theirs), settings)
+                result["sharegpt"] = measured(_sweep, (skulk, plain, theirs), settings)
+        if "blas" in settings.modes:
+            result["blas"] = _load_blas.run(root, models, model, skulk, settings, flags)
         for mode, flag, fn in (("prefix", PREFIX_FLAG, prefix),
                                ("speculative", SPECULATIVE_FLAG, speculative)):  # fmt: skip
             if mode not in settings.modes:
@@ -157,7 +165,7 @@ def run(settings: Settings) -> dict[str, object]:
                                 "reason": f"this build's node has no {flag} flag"}  # fmt: skip
                 continue
             with serving_node(root, models, f"skulk-no-{mode}", model, flag, "0") as plain:
-                result[mode] = _measured(fn, (skulk, plain), settings)
+                result[mode] = measured(fn, (skulk, plain), settings)
     result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return result
 
@@ -166,20 +174,6 @@ async def _sweep(servers: tuple[Server, ...], settings: Settings) -> dict[str, o
     return await sharegpt(
         servers, settings.levels, settings.rates, settings.rounds, settings.requests
     )
-
-
-def _measured(
-    mode: Callable[[Servers, Settings], Awaitable[dict[str, object]]],
-    servers: Servers,
-    settings: Settings,
-) -> dict[str, object]:
-    """Run one mode; a failure (a server's error, a dropped stream) is that mode's result, so
-    the other modes still run and report."""
-    try:
-        return trio.run(mode, servers, settings)
-    except Exception as exc:  # any failure is reported, not raised
-        print(f"load: {mode.__name__} failed: {exc!r}", file=sys.stderr)
-        return {"error": repr(exc)[:1000]}
 
 
 def table(result: dict[str, object]) -> str:
@@ -219,8 +213,14 @@ def table(result: dict[str, object]) -> str:
                     f"{f['ttft_ms']['p50']:>8}/{f['ttft_ms']['p99']:<8} "
                     f"{f['tpot_ms']['p50']:>11} {f['goodput_per_s']:>7}   {ratios}"
                 )
+    blas = result.get("blas")
+    tabled_blas = isinstance(blas, dict) and blas.get("available") and "error" not in blas
+    if tabled_blas:
+        lines.extend(_load_blas.table(blas))  # type: ignore[arg-type]
     for mode in MODES:  # the modes not tabled above
         if mode == "sharegpt" and isinstance(sweep, dict) and "error" not in sweep:
+            continue
+        if mode == "blas" and tabled_blas:
             continue
         if mode in result and (mode != "throughput" or "error" in result[mode]):  # type: ignore[operator]
             lines.append(f"{mode}: {json.dumps(result[mode])}")

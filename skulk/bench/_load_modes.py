@@ -1,5 +1,7 @@
-"""The modes of ``bench load`` (see :mod:`skulk.bench._load`): each drives two servers in
-turns, round by round, and reports the ratio of the first to the second."""
+"""The modes of ``bench load`` (see :mod:`skulk.bench._load`): each drives its servers in
+turns, round by round, and reports the ratio of the first to the others. :func:`rounds`,
+:func:`side` and :func:`ratios` are the throughput measurement, shared with ``blas``
+(``_load_blas``)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,22 @@ import math
 import random
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import attrs
+import httpx
+import trio
 
 from skulk.bench._load_client import Stream, burst, chat_body, http_client, stream
 from skulk.bench._load_servers import Server
 
-Mode = Literal["throughput", "prefix", "speculative", "sharegpt"]
-MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt")
-#: The modes run when ``--modes`` is not given (``sharegpt`` is a long sweep of its own).
+Servers = TypeVar("Servers", bound=tuple[Server, ...])
+Mode = Literal["throughput", "prefix", "speculative", "sharegpt", "blas"]
+MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt", "blas")
+#: The modes run when ``--modes`` is not given (``sharegpt`` is a long sweep of its own,
+#: ``blas`` wants ``--model large``).
 DEFAULT_MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative")
 PREFIX_ANSWER_TOKENS = 16
 PREFIX_GOAL = 0.3
@@ -40,6 +46,12 @@ WORDS = (
     "batch prompt history turn window agent tool result careful quick slow bright quiet "
     "build run wait send read write learn find keep share move hold open close"
 ).split()
+
+
+def default_levels(modes: Sequence[str]) -> tuple[int, ...]:
+    """The concurrency levels when ``--levels`` is not given: 8 streams for ``blas`` alone
+    (the issue's fixed-concurrency figure), else 1, 8 and 16."""
+    return (8,) if tuple(modes) == ("blas",) else (1, 8, 16)
 
 
 def throughput_goal(level: int) -> float:
@@ -65,27 +77,63 @@ def _prompt(round_: int, i: int) -> list[dict[str, str]]:
 
 async def throughput(servers: tuple[Server, Server], settings: Settings) -> dict[str, object]:
     """Skulk (``servers[0]``) vs mlx_lm.server (``servers[1]``), level by level (module doc)."""
-    top = max(settings.levels)
     figures: dict[str, object] = {}
-    async with http_client(top) as client:
-        for server in servers:  # warm-up: a burst at the highest level, then one stream
-            bodies = [chat_body(server, _prompt(-1, i), 8) for i in range(top)]
-            await burst(client, server.url, bodies)
-            await stream(client, server.url, chat_body(server, _prompt(-2, 0), 8))
+    async with http_client(max(settings.levels)) as client:
+        await warm_up(client, servers, max(settings.levels))
         for level in settings.levels:
-            rates: dict[str, list[float]] = {s.name: [] for s in servers}
-            streams: dict[str, list[Stream]] = {s.name: [] for s in servers}
-            for r in range(settings.rounds):
-                for server in servers if r % 2 == 0 else servers[::-1]:
-                    bodies = [
-                        chat_body(server, _prompt(r, i), settings.max_tokens) for i in range(level)
-                    ]
-                    wall, done = await burst(client, server.url, bodies)
-                    rates[server.name].append(sum(s.tokens for s in done) / wall)
-                    streams[server.name].extend(done)
+            rates, streams = await rounds(client, servers, level, settings)
             figures[str(level)] = _level(level, servers, rates, streams, settings.max_tokens)
             print(f"load: {level} streams: {json.dumps(figures[str(level)])}", file=sys.stderr)
     return figures
+
+
+async def warm_up(client: httpx.AsyncClient, servers: Sequence[Server], top: int) -> None:
+    """A burst of ``top`` short streams on each server, then one stream."""
+    for server in servers:
+        bodies = [chat_body(server, _prompt(-1, i), 8) for i in range(top)]
+        await burst(client, server.url, bodies)
+        await stream(client, server.url, chat_body(server, _prompt(-2, 0), 8))
+
+
+def turns(servers: Sequence[Server], round_: int) -> list[Server]:
+    """The order the servers take their turns in within a round: rotated by one each round
+    (two servers: alternating)."""
+    k = round_ % len(servers)
+    return [*servers[k:], *servers[:k]]
+
+
+async def rounds(
+    client: httpx.AsyncClient, servers: Sequence[Server], level: int, settings: Settings
+) -> tuple[dict[str, list[float]], dict[str, list[Stream]]]:
+    """``settings.rounds`` rounds of a ``level``-stream burst on each server in turn: each
+    server's aggregate rate per round (completion tokens ÷ wall), and every stream."""
+    rates: dict[str, list[float]] = {s.name: [] for s in servers}
+    streams: dict[str, list[Stream]] = {s.name: [] for s in servers}
+    for r in range(settings.rounds):
+        for server in turns(servers, r):
+            bodies = [chat_body(server, _prompt(r, i), settings.max_tokens) for i in range(level)]
+            wall, done = await burst(client, server.url, bodies)
+            rates[server.name].append(sum(s.tokens for s in done) / wall)
+            streams[server.name].extend(done)
+    return rates, streams
+
+
+def ratios(rates: dict[str, list[float]], a: str, b: str) -> dict[str, object]:
+    """``a`` ÷ ``b``: the median of the per-round ratios, and those ratios."""
+    by_round = [round(x / y, 3) for x, y in zip(rates[a], rates[b], strict=True)]
+    return {"ratio": round(statistics.median(by_round), 3), "ratio_by_round": by_round}
+
+
+def side(rates: list[float], streams: list[Stream]) -> dict[str, object]:
+    """One server's figures at one level: median tokens/s, TTFT p50/p99 over every stream."""
+    ttfts = [s.ttft_s * 1000 for s in streams]
+    return {
+        "tokens_per_s": round(statistics.median(rates), 1),
+        "ttft_p50_ms": round(statistics.median(ttfts), 1),
+        "ttft_p99_ms": round(_nearest_rank(ttfts, 0.99), 1),
+        "tokens": sorted({s.tokens for s in streams}),
+        "retries": sum(s.retries for s in streams),
+    }
 
 
 def _level(
@@ -96,21 +144,14 @@ def _level(
     max_tokens: int,
 ) -> dict[str, object]:
     ours, theirs = (s.name for s in servers)
-    by_round = [round(a / b, 3) for a, b in zip(rates[ours], rates[theirs], strict=True)]
+    vs = ratios(rates, ours, theirs)
     out: dict[str, object] = {
-        "ratio": round(statistics.median(by_round), 3),
+        "ratio": vs["ratio"],
         "goal": throughput_goal(level),
-        "ratio_by_round": by_round,
+        "ratio_by_round": vs["ratio_by_round"],
     }
     for name in (ours, theirs):
-        ttfts = [s.ttft_s * 1000 for s in streams[name]]
-        out[name] = {
-            "tokens_per_s": round(statistics.median(rates[name]), 1),
-            "ttft_p50_ms": round(statistics.median(ttfts), 1),
-            "ttft_p99_ms": round(_nearest_rank(ttfts, 0.99), 1),
-            "tokens": sorted({s.tokens for s in streams[name]}),
-            "retries": sum(s.retries for s in streams[name]),
-        }
+        out[name] = side(rates[name], streams[name])
     out["full_length"] = all(
         s.tokens == max_tokens for name in (ours, theirs) for s in streams[name]
     )
@@ -208,3 +249,17 @@ async def speculative(servers: tuple[Server, Server], settings: Settings) -> dic
             "tokens": [sorted(tokens[kind][s.name]) for s in servers],
         }
     return out
+
+
+def measured(
+    mode: Callable[[Servers, Settings], Awaitable[dict[str, object]]],
+    servers: Servers,
+    settings: Settings,
+) -> dict[str, object]:
+    """Run one mode; a failure (a server's error, a dropped stream) is that mode's result, so
+    the other modes still run and report."""
+    try:
+        return trio.run(mode, servers, settings)
+    except Exception as exc:  # any failure is reported, not raised
+        print(f"load: {mode.__name__} failed: {exc!r}", file=sys.stderr)
+        return {"error": repr(exc)[:1000]}

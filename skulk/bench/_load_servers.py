@@ -29,19 +29,23 @@ START_DEADLINE = 180.0
 
 @attrs.frozen
 class Server:
-    """Where to send requests: a base URL and the ``model`` field it expects."""
+    """Where to send requests: a base URL and the ``model`` field it expects; ``pid``: the
+    server's process (``None``: not known)."""
 
     name: str
     url: str
     model: str
+    pid: int | None = None
 
 
 class MlxLmServer:
     """``python -m mlx_lm server`` on a free loopback port, output drained into a tail; stopped
-    with SIGTERM, then SIGKILL of its process group."""
+    with SIGTERM, then SIGKILL of its process group. ``env``: its environment (default: this
+    process's), e.g. with OpenBLAS preloaded as a runner's (``skulk.runner.preload_env``)."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, env: dict[str, str] | None = None) -> None:
         self.model_dir = model_dir
+        self.env = dict(os.environ) if env is None else env
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.output: deque[str] = deque(maxlen=200)
@@ -57,7 +61,7 @@ class MlxLmServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**self.env, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
         threading.Thread(target=self._pump, daemon=True).start()
@@ -115,7 +119,8 @@ def serving_node(root: Path, models: Path, name: str, model: str, *args: str) ->
     home.mkdir()
     (home / "models").symlink_to(models)
     with NodeProcess(home, "--log-level", "warning", "--model", model, *args) as node:
-        server = Server(name, node.url, Path(model).name)
+        assert node.proc is not None
+        server = Server(name, node.url, Path(model).name, node.proc.pid)
         _wait_serving(server)
         yield server
 

@@ -8,7 +8,7 @@ mlx; this package never does. A :class:`Runner` owns its subprocess and every de
 instance; :func:`open_local_group` runs all ranks of one on this machine (tests, benchmarks).
 """
 
-from skulk.runner._blas import CPU_BLAS, CpuBlasUnavailable, openblas_library
+from skulk.runner._blas import CPU_BLAS, CpuBlasUnavailable, openblas_library, preload_env
 from skulk.runner._config import TRANSITIONS, Phase, RunnerConfig, RunnerStatistics
 from skulk.runner._errors import (
     CancelTimeout,
@@ -74,6 +74,7 @@ __all__ = [
     "loopback_hosts",
     "open_local_group",
     "openblas_library",
+    "preload_env",
     "shard_specs",
     "terminate_group",
 ]
