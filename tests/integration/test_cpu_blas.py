@@ -17,8 +17,13 @@ import trio
 
 from skulk.config import ServeConfig, add_serve_arguments, serve_config
 from skulk.models import ensure_demo_model
-from skulk.runner import CpuBlasUnavailable, Runner, RunnerConfig, openblas_library
-from skulk.runner._blas import preload_env
+from skulk.runner import (
+    CpuBlasUnavailable,
+    Runner,
+    RunnerConfig,
+    openblas_library,
+    preload_env,
+)
 from skulk.wire.runner import Finished, SamplingParams, TextPrompt
 
 
