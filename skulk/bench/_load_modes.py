@@ -17,9 +17,10 @@ import attrs
 from skulk.bench._load_client import Stream, burst, chat_body, http_client, stream
 from skulk.bench._load_servers import Server
 
-Mode = Literal["throughput", "prefix", "speculative", "sharegpt"]
-MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt")
-#: The modes run when ``--modes`` is not given (``sharegpt`` is a long sweep of its own).
+Mode = Literal["throughput", "prefix", "speculative", "sharegpt", "routing"]
+MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt", "routing")
+#: The modes run when ``--modes`` is not given (``sharegpt`` is a long sweep of its own,
+#: ``routing`` starts two three-node clusters of its own).
 DEFAULT_MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative")
 PREFIX_ANSWER_TOKENS = 16
 PREFIX_GOAL = 0.3
@@ -57,6 +58,7 @@ class Settings:
     rates: tuple[float, ...] = (2.0, 4.0, 8.0)
     requests: int = 32
     home: Path | None = None
+    conversations: int = 8  # routing: conversations at once
 
 
 def _prompt(round_: int, i: int) -> list[dict[str, str]]:
