@@ -215,7 +215,7 @@ def policy_figures(done: Sequence[Conversation], nodes: Mapping[str, str]) -> di
     return {
         "ttft_p50_ms": round(med(ttfts), 1),
         "ttft_p99_ms": round(_nearest_rank(ttfts, 0.99), 1),
-        "same_instance_share": round(sum(c.first == c.second for c in done) / len(done), 3),
+        "same_instance_share": round(sum(c.first == c.second != "" for c in done) / len(done), 3),
         "instance_shares": {k: round(v / len(done), 3) for k, v in sorted(firsts.items())},
         "prompt_tokens": round(med(c.prompt_tokens for c in done)),
         "cached_tokens": round(med(cached)) if cached else None,
