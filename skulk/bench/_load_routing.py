@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,7 @@ def _cluster(root: Path, models: Path, model: str, policy: str) -> Iterator[Clus
             node.stop()
 
 
-def _until(predicate: Any, what: str) -> None:
+def _until(predicate: Callable[[], bool], what: str) -> None:
     end = time.monotonic() + READY_DEADLINE
     while time.monotonic() < end:
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
