@@ -9,8 +9,8 @@ skulk.bench raft [--json] [--clients N]
 [--intermediate-size N] [--transfer-mib N] [--transfer-rounds N] [--concurrency 1,4,8]`` and
 ``python -m skulk.bench load [--json] [--model demo|large] [--levels 1,8,16] [--rounds N]
 [--max-tokens N]
-[--modes throughput,prefix,speculative,sharegpt,blas] [--rates 2,4,8] [--requests N]
-[--chat-chars N] [--home DIR]`` and ``python -m
+[--modes throughput,prefix,speculative,sharegpt,blas,routing] [--rates 2,4,8] [--requests N]
+[--chat-chars N] [--conversations N] [--home DIR]`` and ``python -m
 skulk.bench spec [--json] [--max-tokens N] [--rounds N] [--speculative-tokens N]`` and
 ``python -m skulk.bench transfer [--json] [--mib N] [--rounds N] [--chunk-kib N] [--streams N]
 [--batch-mib N] [--holder-dials]`` and ``python -m skulk.bench models [--json] [--mib N]
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also pipeline-2's aggregate tokens/s at these concurrent requests, e.g. 1,4,8",
     )
     load = sub.add_parser(
-        "load", help="concurrent streams vs mlx_lm.server; prefix cache; speculation"
+        "load", help="concurrent streams vs mlx_lm.server; prefix cache; speculation; routing"
     )
     load.add_argument("--json", action="store_true", help="print only the JSON result")
     load.add_argument("--model", choices=("demo", "large"), default="demo")
@@ -129,15 +129,21 @@ def main(argv: list[str] | None = None) -> int:
         "--modes",
         type=_modes,
         default=None,
-        help="throughput,prefix,speculative,sharegpt,blas (default: the first three; blas: "
-        "--cpu-blas openblas vs the reference BLAS vs mlx_lm.server on OpenBLAS, for --model "
-        "large, at 8 streams unless --levels says)",
+        help="throughput,prefix,speculative,sharegpt,blas,routing (default: the first three; "
+        "blas: --cpu-blas openblas vs the reference BLAS vs mlx_lm.server on OpenBLAS, for "
+        "--model large, at 8 streams unless --levels says; routing: prefix-aware vs "
+        "least-loaded routing over two instances, two 3-node clusters)",
     )
     load.add_argument(
         "--rates", type=_floats, default=(2.0, 4.0, 8.0), help="sharegpt: Poisson requests/s"
     )
     load.add_argument("--requests", type=int, default=32, help="sharegpt: requests per run")
-    load.add_argument("--chat-chars", type=int, default=4000, help="prefix mode: history size")
+    load.add_argument(
+        "--chat-chars", type=int, default=4000, help="prefix and routing modes: history size"
+    )
+    load.add_argument(
+        "--conversations", type=int, default=8, help="routing: conversations at once (default 8)"
+    )
     load.add_argument("--home", type=Path, default=None, help="work dir (default: a temporary one)")
     spec = sub.add_parser("spec", help="speculative (n-gram) vs plain decoding, in process")
     spec.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -339,6 +345,8 @@ def _load(args: argparse.Namespace) -> int:
     from skulk.bench._load import run, table
     from skulk.bench._load_modes import DEFAULT_MODES, Settings, default_levels
 
+    if args.conversations < 1:
+        raise SystemExit("--conversations must be at least 1")
     modes = args.modes or DEFAULT_MODES
     settings = Settings(
         model=args.model,
@@ -350,6 +358,7 @@ def _load(args: argparse.Namespace) -> int:
         home=args.home,
         rates=args.rates,
         requests=args.requests,
+        conversations=args.conversations,
     )
     return _emit(run(settings), args.json, table)
 

@@ -45,15 +45,25 @@ the same way: OpenAI chat completions, streamed (SSE) with ``httpx``, greedy, a 
   ``--model large``, where BLAS is the cost; needs the ``cpu-blas`` extra (without it the mode
   reports ``{"available": false, "reason": …}``).
 
-The prefix, speculative and blas modes need node flags that may not exist in this build: each mode
-checks ``python -m skulk serve --help`` first and, without its flag, reports
+* **routing** — (``--modes routing``; not run by default) a conversation's second turn over
+  two instances of the model in a three-node cluster: turn-two TTFT p50 with prefix-aware
+  routing (the default ``--route-policy prefix``) ÷ with ``--route-policy least-loaded``, two
+  clusters up side by side for the whole run, ``--conversations`` (default 8) two-turn chats of
+  ``--chat-chars`` at once per round, each turn through a different node drawn at random,
+  sampled at temperature 0.7 with seeds. Also the share of second turns served by their first
+  turn's instance (``x-skulk-instance``), each instance's share of the conversations and the
+  turn-two cached tokens. Goal ≤ 0.3. See :mod:`skulk.bench._load_routing`.
+
+The prefix, speculative, blas and routing modes need node flags that may not exist in this
+build: each mode checks ``python -m skulk serve --help`` first and, without its flag, reports
 ``{"available": false, "reason": …}`` instead of figures.
 
 ``--model large`` generates the distributed benchmark's default llama (12 layers, hidden 512,
 float32: compute-bound on a small CPU) instead of the built-in demo model.
 
 This module runs the benchmark; the servers are in ``_load_servers``, the timed client in
-``_load_client`` and the modes in ``_load_modes``.
+``_load_client``, the modes in ``_load_modes`` (the routing mode, with its clusters, in
+``_load_routing``).
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ import attrs
 
 from skulk.bench import _load_blas
 from skulk.bench._load_modes import MODES, Settings, measured, prefix, speculative, throughput
+from skulk.bench._load_routing import ROUTE_FLAG
+from skulk.bench._load_routing import measure as routing
+from skulk.bench._load_routing import table_line as routing_line
 from skulk.bench._load_servers import (
     MLX_DECODE_CONCURRENCY,
     MLX_PROMPT_CONCURRENCY,
@@ -140,6 +153,15 @@ def run(settings: Settings) -> dict[str, object]:
             from skulk.bench._distributed_setup import DEFAULT_SHAPE
 
             result["model_shape"] = attrs.asdict(DEFAULT_SHAPE)
+        if "routing" in settings.modes:
+            if ROUTE_FLAG in flags:
+                result["routing"] = routing(root, models, Path(model).name, settings)
+            else:
+                reason = f"this build's node has no {ROUTE_FLAG} flag"
+                result["routing"] = {"available": False, "reason": reason}
+        if not set(settings.modes) - {"routing"}:
+            result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            return result
         skulk = stack.enter_context(serving_node(root, models, "skulk", model))
         if "throughput" in settings.modes:
             model_dir = models / Path(model).name
@@ -217,10 +239,13 @@ def table(result: dict[str, object]) -> str:
     tabled_blas = isinstance(blas, dict) and blas.get("available") and "error" not in blas
     if tabled_blas:
         lines.extend(_load_blas.table(blas))  # type: ignore[arg-type]
+    routed = result.get("routing")
+    if isinstance(routed, dict):
+        lines.append(routing_line(routed))
     for mode in MODES:  # the modes not tabled above
         if mode == "sharegpt" and isinstance(sweep, dict) and "error" not in sweep:
             continue
-        if mode == "blas" and tabled_blas:
+        if mode == "routing" or (mode == "blas" and tabled_blas):
             continue
         if mode in result and (mode != "throughput" or "error" in result[mode]):  # type: ignore[operator]
             lines.append(f"{mode}: {json.dumps(result[mode])}")

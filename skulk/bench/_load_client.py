@@ -32,6 +32,7 @@ class Stream:
     text: str
     retries: int  # connections reset before the response started (see _open)
     chunks: tuple[float, ...] = ()  # when each non-empty content delta arrived
+    instance: str = ""  # the x-skulk-instance response header (a Skulk node's choice)
 
     @property
     def ttft_s(self) -> float:
@@ -75,6 +76,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, object]) -
     parts: list[str] = []
     chunks: list[float] = []
     retries, response = await _open(client, url, body)
+    instance = response.headers.get("x-skulk-instance", "")
     try:
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
@@ -105,6 +107,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, object]) -
         text="".join(parts),
         retries=retries,
         chunks=tuple(chunks),
+        instance=instance,
     )
 
 

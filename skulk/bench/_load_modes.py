@@ -22,10 +22,10 @@ from skulk.bench._load_client import Stream, burst, chat_body, http_client, stre
 from skulk.bench._load_servers import Server
 
 Servers = TypeVar("Servers", bound=tuple[Server, ...])
-Mode = Literal["throughput", "prefix", "speculative", "sharegpt", "blas"]
-MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt", "blas")
+Mode = Literal["throughput", "prefix", "speculative", "sharegpt", "blas", "routing"]
+MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative", "sharegpt", "blas", "routing")
 #: The modes run when ``--modes`` is not given (``sharegpt`` is a long sweep of its own,
-#: ``blas`` wants ``--model large``).
+#: ``blas`` wants ``--model large``, ``routing`` starts two three-node clusters of its own).
 DEFAULT_MODES: tuple[Mode, ...] = ("throughput", "prefix", "speculative")
 PREFIX_ANSWER_TOKENS = 16
 PREFIX_GOAL = 0.3
@@ -69,6 +69,7 @@ class Settings:
     rates: tuple[float, ...] = (2.0, 4.0, 8.0)
     requests: int = 32
     home: Path | None = None
+    conversations: int = 8  # routing: conversations at once
 
 
 def _prompt(round_: int, i: int) -> list[dict[str, str]]:

@@ -8,7 +8,8 @@ import json
 import subprocess
 import sys
 
-from skulk.bench._load import PREFIX_FLAG, SPECULATIVE_FLAG, node_flags
+from skulk.bench._load import PREFIX_FLAG, SPECULATIVE_FLAG
+from skulk.bench._load_servers import node_flags
 
 TINY = ("--levels", "1,2", "--rounds", "1", "--max-tokens", "8", "--chat-chars", "600")
 SERVERS = ("skulk", "mlx_lm_server")
@@ -86,3 +87,33 @@ def test_the_sampled_sweep_measures_every_server_at_every_setting() -> None:
             ratios = entry[f"{server}_vs_mlx_lm_server"]
             assert set(ratios) == {"output_tokens_per_s", "ttft_p99", "goodput_per_s"}
             assert positive(ratios["output_tokens_per_s"]) and positive(ratios["ttft_p99"])
+
+
+def test_the_routing_mode_measures_both_policies_on_two_clusters() -> None:
+    """``--modes routing``: two three-node clusters (prefix-aware and least-loaded routing), two
+    instances each, one round of two conversations. Prefix routing sends both turns of every
+    conversation to one instance, whose prefix cache then serves the first turn's prompt."""
+    done = subprocess.run(
+        [sys.executable, "-m", "skulk.bench", "load", "--json", "--modes", "routing",
+         "--rounds", "1", "--conversations", "2", "--chat-chars", "600"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert set(result) >= {"routing", "load_average"} and "throughput" not in result
+    routing = result["routing"]
+    assert routing["available"] is True, routing
+    assert routing["goal"] == 0.3 and routing["conversations"] == 2
+    assert positive(routing["ratio_p50"]) and len(routing["ratio_p50_by_round"]) == 1
+    for policy in ("prefix", "least-loaded"):
+        figures = routing[policy]
+        assert figures["conversations"] == 2, policy
+        assert figures["ttft_p99_ms"] >= figures["ttft_p50_ms"] > 0, policy
+        assert set(figures["instance_shares"]) <= {"b", "c"}, policy  # both turns named one
+        assert sum(figures["instance_shares"].values()) == 1.0, policy
+        assert 0 <= figures["same_instance_share"] <= 1, policy
+    prefix = routing["prefix"]
+    assert prefix["same_instance_share"] == 1.0
+    assert prefix["cached_tokens"] > prefix["prompt_tokens"] // 2
