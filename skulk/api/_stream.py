@@ -63,9 +63,13 @@ def routing_error(exc: Exception) -> ApiError:
     """A routing failure (no instance, none ready, overloaded, the serving node gone) as the
     client sees it."""
     if isinstance(exc, ModelNotPlaced):
-        if not exc.registered:
-            return ApiError.model_not_found(exc.model)
-        return ApiError.unavailable(str(exc), code="no_instance")
+        if exc.registered:
+            return ApiError.unavailable(str(exc), code="no_instance")
+        if not exc.loaded:  # not a 404: the model may well exist (the State will say)
+            err = ApiError.unavailable(f"{exc}; retry in 1 s", code="state_loading")
+            err.headers = {"Retry-After": "1"}
+            return err
+        return ApiError.model_not_found(exc.model)
     if isinstance(exc, NoReadyInstance):
         return ApiError.unavailable(str(exc), code="model_not_ready")
     if isinstance(exc, Overloaded):

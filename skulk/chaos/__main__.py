@@ -1,7 +1,9 @@
 """``python -m skulk.chaos run [--nodes N] [--minutes M] [--seed S] [--links] [--clock] [--disks]
-[--out FILE]`` and
+[--out FILE] [--history FILE]`` and
 ``python -m skulk.chaos replay FILE``. Exit status: 0 if every check passed, 1 if one failed
-(the schedule is then written to ``--out``, default ``chaos-SEED.json``), 2 on a usage error."""
+(the schedule is then written to ``--out``, default ``chaos-SEED.json``), 2 on a usage error.
+``--history FILE`` writes every operation and fault of the run as JSON, passed or not (to look
+into an odd typed error afterwards)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from skulk.chaos._history import history_json
 from skulk.chaos._schedule import Schedule, ScheduleError, generate
 
 
@@ -62,6 +65,12 @@ def parse(argv: list[str] | None) -> tuple[Schedule, argparse.Namespace]:
             help="where a failing schedule is written (default chaos-SEED.json)",
         )
         p.add_argument(
+            "--history",
+            type=Path,
+            default=None,
+            help="write every operation and fault of the run to this JSON file",
+        )
+        p.add_argument(
             "--home",
             type=Path,
             default=None,
@@ -110,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: seed {schedule.seed}", flush=True)
     result = execute(schedule, home=args.home, log=lambda s: print(s, flush=True))
     print_summary(result)
+    if args.history is not None:
+        args.history.write_text(history_json(result.ops, result.faults))
+        print(f"chaos: history written to {args.history}")
     if not result.passed:
         out = args.out or Path(f"chaos-{schedule.seed}.json")
         out.write_text(schedule.to_json())

@@ -8,7 +8,9 @@ tested on hand-made histories.
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -100,3 +102,12 @@ class History:
     def faults(self) -> list[FaultRecord]:
         with self._lock:
             return list(self._faults)
+
+
+def history_json(ops: Iterable[Op], faults: Iterable[FaultRecord]) -> str:
+    """A run's operations and faults as one JSON document (``{"ops": [...], "faults": [...]}``,
+    each record's fields by name)."""
+    return json.dumps(
+        {"ops": [attrs.asdict(op) for op in ops], "faults": [attrs.asdict(f) for f in faults]},
+        indent=None,
+    )

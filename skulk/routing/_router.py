@@ -26,7 +26,8 @@ the request was received, so each request counts once in the cluster (on the ins
 served it last), with how its instance was chosen and each move.
 
 Failures are typed: :class:`ModelNotPlaced` (no instance of the model anywhere; 404 when the
-model is unknown, 503 when it is registered), :class:`NoReadyInstance` (instances exist, none
+model is unknown, 503 when it is registered or when this node's State is still loading),
+ :class:`NoReadyInstance` (instances exist, none
 is ready: 503 with their states), and what serving raises (``Overloaded`` → 429 with
 ``Retry-After``, ``RequestFailure``/``ModelUnavailable`` as for a local runner): the last
 instance's failure when every move was spent.
@@ -58,13 +59,22 @@ T = TypeVar("T")
 
 
 class ModelNotPlaced(Exception):
-    """No instance of ``model`` exists; ``registered``: its card is in the State."""
+    """No instance of ``model`` exists; ``registered``: its card is in the State; ``loaded``:
+    this node's State includes this node. Until it does, the State is still loading (the node
+    restarted or is joining, or its Raft storage has not opened yet) and cannot tell a model the
+    cluster does not have from one it has not heard of yet."""
 
-    def __init__(self, model: str, registered: bool) -> None:
-        why = "has no instance in the cluster" if registered else "is not in the cluster"
+    def __init__(self, model: str, registered: bool, loaded: bool = True) -> None:
+        if registered:
+            why = "has no instance in the cluster"
+        elif loaded:
+            why = "is not in the cluster"
+        else:
+            why = "is not known here yet: this node is still loading the cluster's State"
         super().__init__(f"model {model!r} {why}")
         self.model = model
         self.registered = registered
+        self.loaded = loaded
 
 
 class NoReadyInstance(Exception):
@@ -214,10 +224,13 @@ class Router:
         instances = [i for i in state.instances if i.model == model]
         if not instances:
             registered = state.model(model) is not None
+            loaded = state.node(self.node_id) is not None
             # An unknown name is not a label value: clients choose it (unbounded series).
-            reason = "no_instance" if registered else "model_not_found"
+            reason = (
+                "no_instance" if registered else "model_not_found" if loaded else "state_loading"
+            )
             self.metrics.requests.refused(model if registered else "", "", "none", reason)
-            raise ModelNotPlaced(model, registered=registered)
+            raise ModelNotPlaced(model, registered=registered, loaded=loaded)
         states = {i.id: self.instance_state(state, i) for i in instances}
         ready = [i for i in instances if states[i.id] == "ready"]
         if not ready:

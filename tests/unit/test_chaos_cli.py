@@ -3,12 +3,14 @@ file a failing run wrote, and usage errors and bad files exit 2 naming the probl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from skulk.chaos import generate
+from skulk.chaos import FaultRecord, Op, generate
 from skulk.chaos.__main__ import parse
+from skulk.chaos._history import history_json
 
 
 def test_run_flags_reach_the_schedule() -> None:
@@ -55,3 +57,14 @@ def test_a_bad_schedule_file_exits_2_naming_the_field(
         parse(["replay", str(path)])
     assert exc.value.code == 2
     assert "$.events[0]" in capsys.readouterr().err
+
+
+def test_the_history_file_holds_every_op_and_fault_by_field(tmp_path: Path) -> None:
+    _, args = parse(["run", "--seed", "1", "--history", str(tmp_path / "h.json")])
+    assert args.history == tmp_path / "h.json"
+    op = Op("stream", 2, 1.0, 2.5, "error", status=404, code="model_not_found", prompt=1,
+            max_tokens=16, request_id="chaos-1")  # fmt: skip
+    fault = FaultRecord("kill", 2, 0.5, 1.5)
+    got = json.loads(history_json([op], [fault]))
+    assert got["ops"][0]["code"] == "model_not_found" and got["ops"][0]["request_id"] == "chaos-1"
+    assert got["faults"] == [{"kind": "kill", "node": 2, "start": 0.5, "end": 1.5, "problem": ""}]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from skulk.api._stream import routing_error
 from skulk.cluster import State, apply
 from skulk.routing import Admission, ModelNotPlaced, NoReadyInstance, Router
 from skulk.tracing import RequestJournal, node_scope, request_scope
@@ -95,6 +96,21 @@ def test_unreachable_or_down_nodes_are_not_chosen_and_failures_are_typed() -> No
     with pytest.raises(ModelNotPlaced) as placed_nowhere:
         router(bare).route("m")
     assert placed_nowhere.value.registered
+    assert unknown.value.loaded  # a State that knows this node: the model is unknown
+
+
+def test_a_state_still_loading_never_calls_a_model_unknown() -> None:
+    """Before this node's State includes this node (restarted, joining, Raft storage not open
+    yet: a chaos run saw two such 404s for a model the cluster had), a model missing from it may
+    exist: 503 state_loading with Retry-After, never 404."""
+    with pytest.raises(ModelNotPlaced) as loading:
+        router(State()).route("m")
+    assert not loading.value.registered and not loading.value.loaded
+    err = routing_error(loading.value)
+    assert (err.status, err.code, err.headers) == (503, "state_loading", {"Retry-After": "1"})
+    with pytest.raises(ModelNotPlaced) as unknown:
+        router(cluster()).route("other")
+    assert routing_error(unknown.value).status == 404
 
 
 class Serving(Local):
