@@ -27,8 +27,8 @@ served it last), with how its instance was chosen and each move.
 
 Failures are typed: :class:`ModelNotPlaced` (no instance of the model anywhere; 404 when the
 model is unknown, 503 when it is registered or when this node's State is still loading),
- :class:`NoReadyInstance` (instances exist, none
-is ready: 503 with their states), and what serving raises (``Overloaded`` → 429 with
+:class:`NoReadyInstance` (instances exist, none is ready: 503 with their states), and what
+serving raises (``Overloaded`` → 429 with
 ``Retry-After``, ``RequestFailure``/``ModelUnavailable`` as for a local runner): the last
 instance's failure when every move was spent.
 """
