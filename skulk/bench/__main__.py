@@ -1,6 +1,6 @@
 """``python -m skulk.bench serve [--json] [--max-tokens N] [--repeats N] [--stream-interval S]
-[--speculative-tokens N] [--temperature T] [--seed N] [--home DIR]`` and ``python -m
-skulk.bench raft [--json] [--clients N]
+[--speculative-tokens N] [--temperature T] [--seed N] [--model demo|large] [--home DIR]`` and
+``python -m skulk.bench raft [--json] [--clients N]
 [--duration S] [--sequential N] [--trials N] [--tick S] [--election-ticks N] [--no-baseline]
 [--baseline-no-fsync]`` and ``python -m skulk.bench placement [--json] [--nodes N]
 [--repeats N]`` and ``python -m skulk.bench cluster [--json] [--max-tokens N] [--repeats N]
@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         type=_seed,
         default=0,
         help="sampled runs: seeds the prompt list; pair i samples with seed + i (default 0)",
+    )
+    serve.add_argument(
+        "--model",
+        choices=("demo", "large"),
+        default="demo",
+        help="demo: the built-in model (a decode step of ~1 ms: per-token overhead shows); "
+        "large: the distributed benchmark's 12-layer llama",
     )
     serve.add_argument(
         "--home", type=Path, default=None, help="data dir to use (default: a temporary one)"
@@ -243,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             args.speculative_tokens,
             args.temperature,
             args.seed,
+            args.model,
         ),
         args.json,
         table,

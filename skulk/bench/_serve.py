@@ -117,10 +117,12 @@ def in_process(model_dir: Path, max_tokens: int, temperature: float = 0.0) -> On
     return once
 
 
-def request_body(text: str, max_tokens: int, temperature: float, seed: int) -> dict[str, object]:
+def request_body(
+    text: str, max_tokens: int, temperature: float, seed: int, model: str = "skulk-demo"
+) -> dict[str, object]:
     """The streamed chat request for one run (greedy: no seed, as it would change nothing)."""
     body: dict[str, object] = {
-        "model": "skulk-demo",
+        "model": model,
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -132,10 +134,12 @@ def request_body(text: str, max_tokens: int, temperature: float, seed: int) -> d
     return body
 
 
-def through_api(http: httpx.Client, max_tokens: int, temperature: float = 0.0) -> Once:
+def through_api(
+    http: httpx.Client, max_tokens: int, temperature: float = 0.0, model: str = "skulk-demo"
+) -> Once:
     def once(text: str, seed: int) -> Run:
         clock, n = _Clock(), 0
-        body = request_body(text, max_tokens, temperature, seed)
+        body = request_body(text, max_tokens, temperature, seed, model)
         with http.stream("POST", "/v1/chat/completions", json=body) as r:
             r.raise_for_status()
             for line in r.iter_lines():
@@ -170,6 +174,7 @@ def run(
     speculative_tokens: int | None = None,
     temperature: float = 0.0,
     seed: int = 0,
+    model: str = "demo",
 ) -> dict[str, object]:
     from skulk.models import ensure_demo_model
 
@@ -181,19 +186,37 @@ def run(
     (warm, warm_seed), *runs = plan(repeats, temperature, seed)
     with tempfile.TemporaryDirectory(prefix="skulk-bench-") as tmp:
         home = home or Path(tmp)
-        baseline = in_process(ensure_demo_model(home), max_tokens, temperature)
+        model_dir = ensure_demo_model(home)
+        if model == "large":
+            model_dir = large_model(model_dir)
+            node_args += ["--model", str(model_dir)]
+        baseline = in_process(model_dir, max_tokens, temperature)
         with (
             NodeProcess(home, "--log-level", "warning", *node_args) as node,
             httpx.Client(base_url=node.url, timeout=120) as http,
         ):
-            ours = through_api(http, max_tokens, temperature)
+            ours = through_api(http, max_tokens, temperature, model_dir.name)
             baseline(warm, warm_seed), ours(warm, warm_seed)
             pairs = [(baseline(text, s), ours(text, s)) for text, s in runs]
     return summary(pairs, max_tokens, temperature, seed) | {
+        "model": model_dir.name,
         "repeats": repeats,
         "stream_interval": stream_interval,
         "speculative_tokens": speculative_tokens,
     }
+
+
+def large_model(demo: Path) -> Path:
+    """The distributed benchmark's default llama (12 layers, hidden 512, float32; the demo
+    model's tokenizer), generated beside the demo model once: a model whose decode step costs
+    tens of milliseconds on a small CPU, against the demo model's one."""
+    from skulk.bench._distributed_setup import DEFAULT_SHAPE
+    from skulk.models import write_generated_model
+
+    target = demo.parent / "serve-large"
+    if not (target / "config.json").exists():
+        write_generated_model(target, DEFAULT_SHAPE, demo, seed=1)
+    return target
 
 
 def summary(

@@ -146,6 +146,7 @@ def test_mlx_lm_server_gets_the_environment_it_is_given() -> None:
         ["serve", "--temperature", "-0.5"],
         ["serve", "--temperature", "hot"],
         ["serve", "--seed", "-1"],
+        ["serve", "--model", "huge"],
         ["load", "--modes", "throughput,bls"],
     ],
 )
