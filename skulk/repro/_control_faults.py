@@ -339,7 +339,8 @@ CONTROL_BREAKS: tuple[Break, ...] = (
     Break(
         "election",
         "the followers wait an hour before they call an election (--election-timeout 3600 "
-        "on nodes 2 and 3): a lost leader is never replaced; leader-lost-mid-placement fails",
+        "on nodes 2 and 3): a lost leader is never replaced; leader-lost-mid-placement fails, "
+        "and so does raft-storage-full-leader (the full leader stops leading, nobody takes over)",
         {},
         node_flags={2: {"election-timeout": "3600"}, 3: {"election-timeout": "3600"}},
     ),

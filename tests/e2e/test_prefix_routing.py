@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from skulk.api._openai import parse_chat_completions
 from skulk.harness import NodeProcess
+from skulk.routing import prefix_key, rank
 
 from .test_cluster_serving import Cluster, client, instances, scrape, summed
 
@@ -87,17 +89,30 @@ def opening(i: int) -> list[ChatCompletionMessageParam]:
     return [SYSTEM, {"role": "user", "content": f"Conversation {i}: tell me about topic {i}."}]
 
 
+def preferred(messages: list[ChatCompletionMessageParam], ids: list[str]) -> str:
+    """The instance the routing policy ranks first for a chat's prefix, among ``ids``."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
+    key = prefix_key(parse_chat_completions(body).generate_request().prompt)
+    assert key is not None
+    return rank(key, ids)[0]
+
+
 def test_twenty_two_turn_conversations_through_three_nodes(cluster: Cluster) -> None:
-    """At least 90 % of second turns land where their first did, each instance gets at least
-    30 % of the conversations, and a second turn on its first's instance reuses the first
-    turn's prompt from the prefix cache."""
+    """At least 90 % of second turns land where their first did, and of first turns on the
+    instance the policy ranks first for their prefix; a second turn on its first's instance
+    reuses the first turn's prompt from the prefix cache. (Instance ids are drawn afresh each
+    run, so how 20 conversations split between two instances here is chance — under 30 % for
+    one of them in about 4 % of runs; that the policy spreads conversations, at least 30 %
+    each, is tested on fixed ids in ``tests/unit/test_routing_policy.py``.)"""
     nodes = [cluster.nodes[n] for n in "abc"]
+    ids = [i["id"] for i in instances(nodes[0]) if i["model"] == MODEL]
     draw = random.Random(24)
     firsts: list[str] = []
-    same = reused = 0
+    same = reused = placed = 0
     for i in range(CONVERSATIONS):
         first_turn = opening(i)
         answer, first, first_prompt, _ = chat(draw.choice(nodes), first_turn)
+        placed += first == preferred(first_turn, ids)
         second_turn: list[ChatCompletionMessageParam] = [
             *first_turn,
             {"role": "assistant", "content": answer},
@@ -109,8 +124,8 @@ def test_twenty_two_turn_conversations_through_three_nodes(cluster: Cluster) -> 
             same += 1
             reused += cached >= first_prompt
     assert same >= 0.9 * CONVERSATIONS, (same, firsts)
-    shares = Counter(firsts)
-    assert len(shares) == 2 and min(shares.values()) >= 0.3 * CONVERSATIONS, shares
+    assert placed >= 0.9 * CONVERSATIONS, (placed, firsts, ids)
+    assert len(ids) == 2 and set(Counter(firsts)) <= set(ids), (firsts, ids)
     assert reused >= 0.9 * same, (reused, same)
     # Every node counted its choices as affinity; the serving nodes' prefix caches were hit.
     choices = sum(summed(scrape(n), "skulk:route_choices_total", choice="affinity") for n in nodes)

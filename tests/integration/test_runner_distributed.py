@@ -29,6 +29,7 @@ from skulk.models._generated import ModelShape, write_generated_model
 from skulk.runner import (
     CollectiveFailed,
     CollectiveTimedOut,
+    FlightEvent,
     GroupConnectTimeout,
     GroupNotJoined,
     GroupStopped,
@@ -245,6 +246,23 @@ async def test_concurrent_requests_share_each_decode_step(
         monkeypatch.setenv(OVERLAP_ENV, "off")
     model = models["llama"]
     specs = shard_specs(sharding, loopback_hosts(2), LAYERS)  # type: ignore[arg-type]
+    with trio.fail_after(180):
+        async with open_local_group(
+            "llama", str(model), specs, CONFIG, faults={1: "slow@decode:0.01"}
+        ) as group:
+            rank0, rank1 = group.runners
+            kept0, kept1 = Kept(rank0), Kept(rank1)
+            async with trio.open_nursery() as keeping:
+                keeping.start_soon(kept0.run)
+                keeping.start_soon(kept1.run)
+                await _share_each_step(model, rank0, kept0, kept1, overlap, sharding)
+                keeping.cancel_scope.cancel()
+    assert all(r.failure is None for r in group.runners)
+
+
+async def _share_each_step(
+    model: Path, rank0: Runner, kept0: Kept, kept1: Kept, overlap: bool, sharding: str
+) -> None:
     long_prompt = TextPrompt(" ".join(f"w{i}" for i in range(300)))  # > one prefill chunk
     first = ("a", PROMPTS[0], attrs.evolve(SAMPLED, seed=21, max_tokens=64))
     joining = [
@@ -253,49 +271,43 @@ async def test_concurrent_requests_share_each_decode_step(
         ("d", PROMPTS[1], attrs.evolve(SAMPLED, seed=23, max_tokens=40)),
     ]
     long = SamplingParams(temperature=1.0, seed=24, max_tokens=1500)
-    with trio.fail_after(180):
-        async with open_local_group(
-            "llama", str(model), specs, CONFIG, faults={1: "slow@decode:0.01"}
-        ) as group:
-            rank0, rank1 = group.runners
-            results: dict[str, list[int]] = {}
-            started = trio.Event()
+    results: dict[str, list[int]] = {}
+    started = trio.Event()
 
-            async def one(rid: str, prompt: Prompt, params: SamplingParams) -> None:
-                tokens, last = await generate(rank0, rid, prompt, params, started)
-                assert isinstance(last, Finished), (rid, last)
-                results[rid] = tokens
+    async def one(rid: str, prompt: Prompt, params: SamplingParams) -> None:
+        tokens, last = await generate(rank0, rid, prompt, params, started)
+        assert isinstance(last, Finished), (rid, last)
+        results[rid] = tokens
 
-            async def cancelled_inside() -> None:
-                async with rank0.open_request("x", PROMPTS[0], long) as events:
-                    for _ in range(3):
-                        assert isinstance(await events.receive(), TokenChunk)
-                # Leaving early cancels it: its row leaves the batch, the others go on.
+    async def cancelled_inside() -> None:
+        async with rank0.open_request("x", PROMPTS[0], long) as events:
+            for _ in range(3):
+                assert isinstance(await events.receive(), TokenChunk)
+        # Leaving early cancels it: its row leaves the batch, the others go on.
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one, *first)
-                await started.wait()
-                for request in joining:
-                    nursery.start_soon(one, *request)
-                nursery.start_soon(cancelled_inside)
-            for rid, prompt, params in (first, *joining):
-                want = reference(model, prompt, params)
-                assert len(want) >= 8
-                assert results[rid] == want, (rid, sharding)
-            assert rank0.statistics().cancelled == 1
-            await until_traced(rank1, "drop", first_at(rank0, "request.cancel"))
-            # A step's decode is one forward pass along the ring, whatever the batch's rows:
-            # rank 1 notes the row count when it changes.
-            most = 2 if overlap else 3
-            while max(batched_rows(rank1), default=0) < most:  # noqa: ASYNC110 - see until_traced
-                await trio.sleep(0.02)
-            steps = [
-                e.detail.split()[2]
-                for e in rank1.flight_events()
-                if e.kind == "collective" and e.detail.startswith("forward(decode) step ")
-            ]
-            assert len(steps) == len(set(steps)) > 0
-    assert all(r.failure is None for r in group.runners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, *first)
+        await started.wait()
+        for request in joining:
+            nursery.start_soon(one, *request)
+        nursery.start_soon(cancelled_inside)
+    for rid, prompt, params in (first, *joining):
+        want = reference(model, prompt, params)
+        assert len(want) >= 8
+        assert results[rid] == want, (rid, sharding)
+    assert rank0.statistics().cancelled == 1
+    await until_traced(kept1, "drop", first_at(kept0, "request.cancel"))
+    # A step's decode is one forward pass along the ring, whatever the batch's rows:
+    # rank 1 notes the row count when it changes.
+    most = 2 if overlap else 3
+    while max(batched_rows(kept1), default=0) < most:  # noqa: ASYNC110 - see until_traced
+        await trio.sleep(0.02)
+    steps = [
+        e.detail.split()[2]
+        for e in kept1.flight_events()
+        if e.kind == "collective" and e.detail.startswith("forward(decode) step ")
+    ]
+    assert len(steps) == len(set(steps)) > 0
 
 
 async def test_requests_beyond_the_agreed_kv_budget_wait_then_overflow_is_refused(
@@ -431,7 +443,27 @@ async def test_sigkill_of_a_rank_mid_prefill_ends_the_others(models: dict[str, P
         assert "connection to a peer was lost" in runner.failure.message
 
 
-def batched_rows(runner: Runner) -> list[int]:
+class Kept:
+    """Every flight event of ``runner``, polled into a list that keeps them all: its recorder
+    keeps only its last 256, and on a loaded machine the steps after an event can push it out
+    before the test looks for it."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._seen: dict[FlightEvent, None] = {}
+
+    def flight_events(self) -> list[FlightEvent]:
+        for e in self.runner.flight_events():
+            self._seen.setdefault(e, None)
+        return list(self._seen)
+
+    async def run(self) -> None:
+        while True:
+            self.flight_events()
+            await trio.sleep(0.005)
+
+
+def batched_rows(runner: Runner | Kept) -> list[int]:
     """The batch sizes ``runner`` traced at its decode steps (noted when the size changes)."""
     return [
         int(e.detail.rsplit("rows ", 1)[1])
@@ -440,11 +472,11 @@ def batched_rows(runner: Runner) -> list[int]:
     ]
 
 
-def first_at(runner: Runner, kind: str) -> float:
+def first_at(runner: Runner | Kept, kind: str) -> float:
     return next(e.at for e in runner.flight_events() if e.kind == kind)
 
 
-async def until_traced(runner: Runner, text: str, since: float) -> None:
+async def until_traced(runner: Runner | Kept, text: str, since: float) -> None:
     """Until ``runner``'s recorder holds a collective entry that mentions ``text`` and began
     after wall-clock time ``since`` (a runner sends its trace every heartbeat interval)."""
     while not any(  # noqa: ASYNC110 - the recorder has no event to wait on
