@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("demo", "large"),
         default="demo",
         help="demo: the built-in model (a decode step of ~1 ms: per-token overhead shows); "
-        "large: the distributed benchmark's 12-layer llama",
+        "large: bench load's 12-layer llama",
     )
     serve.add_argument(
         "--home", type=Path, default=None, help="data dir to use (default: a temporary one)"

@@ -102,12 +102,19 @@ def _models(root: Path, settings: Settings) -> tuple[Path, str]:
     demo = ensure_demo_model(root / "shared")
     if settings.model == "demo":
         return demo.parent, "skulk-demo"
+    return demo.parent, str(large_model(demo))
+
+
+def large_model(demo: Path) -> Path:
+    """``--model large``: the distributed benchmark's default llama (12 layers, hidden 512,
+    float32; ``demo``'s tokenizer), written beside ``demo`` as ``load-large``, its
+    end-of-sequence logit silenced (:func:`never_end`)."""
     from skulk.bench._distributed_setup import DEFAULT_SHAPE
     from skulk.models import write_generated_model
 
     large = write_generated_model(demo.parent / "load-large", DEFAULT_SHAPE, demo, seed=1)
     never_end(large)
-    return demo.parent, str(large)
+    return large
 
 
 def never_end(model: Path) -> None:

@@ -187,7 +187,9 @@ def run(
     with tempfile.TemporaryDirectory(prefix="skulk-bench-") as tmp:
         home = home or Path(tmp)
         model_dir = ensure_demo_model(home)
-        if model == "large":
+        if model == "large":  # the load benchmark's (it never ends: full-length runs)
+            from skulk.bench._load import large_model
+
             model_dir = large_model(model_dir)
             node_args += ["--model", str(model_dir)]
         baseline = in_process(model_dir, max_tokens, temperature)
@@ -206,19 +208,6 @@ def run(
     }
 
 
-def large_model(demo: Path) -> Path:
-    """The distributed benchmark's default llama (12 layers, hidden 512, float32; the demo
-    model's tokenizer), generated beside the demo model once: a model whose decode step costs
-    tens of milliseconds on a small CPU, against the demo model's one."""
-    from skulk.bench._distributed_setup import DEFAULT_SHAPE
-    from skulk.models import write_generated_model
-
-    target = demo.parent / "serve-large"
-    if not (target / "config.json").exists():
-        write_generated_model(target, DEFAULT_SHAPE, demo, seed=1)
-    return target
-
-
 def summary(
     pairs: Sequence[tuple[Run, Run]], max_tokens: int, temperature: float, seed: int
 ) -> dict[str, object]:
@@ -235,7 +224,6 @@ def summary(
 
     return {
         "benchmark": "serve",
-        "model": "skulk-demo",
         "max_tokens": max_tokens,
         "temperature": temperature,
         "seed": seed if temperature > 0 else None,
