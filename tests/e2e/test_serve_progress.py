@@ -37,6 +37,17 @@ def ready(url: str) -> bool:
     return any(i["shards"][0]["runner"]["phase"] == "ready" for i in instances)
 
 
+def read_some(fd: int, seen: bytearray) -> bool:
+    """Append what ``fd`` has within 0.2 s to ``seen``; false once the node has exited (its
+    side of the pty is closed)."""
+    if select.select([fd], [], [], 0.2)[0]:
+        try:
+            seen += os.read(fd, 65536)
+        except OSError:
+            return False
+    return True
+
+
 def test_serve_on_a_terminal_draws_the_runner_starting(skulk_home: Path, tmp_path: Path) -> None:
     home = home_for(tmp_path / "tty", skulk_home)
     leader, follower = pty.openpty()
@@ -47,22 +58,22 @@ def test_serve_on_a_terminal_draws_the_runner_starting(skulk_home: Path, tmp_pat
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"},
     )  # fmt: skip
     os.close(follower)
-    seen = b""
+    seen = bytearray()
     try:
         end = time.monotonic() + DEADLINE
         url = None
-        while time.monotonic() < end:
-            if select.select([leader], [], [], 0.2)[0]:
-                try:
-                    seen += os.read(leader, 65536)
-                except OSError:  # the node exited: its side of the pty is closed
-                    break
+        while time.monotonic() < end and read_some(leader, seen):
             text = seen.decode(errors="replace")
             if url is None and (m := _URL.search(text)):
                 url = m.group(1)
             if url is not None and ready(url):
                 break
         assert url is not None and ready(url), seen.decode(errors="replace")[-4000:]
+        # The API may say ready before this side has read all the node wrote: read on until
+        # the log lines are in (or the deadline), so the assertions below see all of it.
+        while time.monotonic() < end and read_some(leader, seen):
+            if b"started pid" in seen and b": ready" in seen:
+                break
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -77,7 +88,7 @@ def test_serve_on_a_terminal_draws_the_runner_starting(skulk_home: Path, tmp_pat
     assert any(re.search(r"(loading|warming|connecting) skulk-demo \(\w+ rank 0\)", line)
                for line in bar_lines), bar_lines[-5:]  # fmt: skip
     # The log went on above the bars: the runner's start and its readiness are both there.
-    assert "started pid" in text and "ready" in text
+    assert "started pid" in text and ": ready" in text
 
 
 def test_serve_into_a_pipe_draws_nothing(skulk_home: Path, tmp_path: Path) -> None:
