@@ -71,15 +71,19 @@ class Settings:
 PORTS = range(20000, 32000)
 
 
-def _free_port() -> int:
-    """A port of :data:`PORTS` free now (bound once to check)."""
+def _free_port(taken: set[int]) -> int:
+    """A port of :data:`PORTS` free now (bound once to check) and not in ``taken`` (the ports
+    drawn before it, free until their replicas bind them); adds it to ``taken``."""
     for _ in range(100):
         port = PORTS.start + secrets.randbelow(len(PORTS))
+        if port in taken:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            taken.add(port)
             return port
     raise OSError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
@@ -117,13 +121,19 @@ class Cluster:
         self.system = system
         self.root = root
         self.settings = settings
-        self.peer_ports = {n: _free_port() for n in NAMES}
-        self.control = {n: _free_port() for n in NAMES}
+        taken: set[int] = set()
+        self.peer_ports = {n: _free_port(taken) for n in NAMES}
+        self.control = {n: _free_port(taken) for n in NAMES}
         self.procs: dict[str, trio.Process] = {}
-        self.dead: list[trio.Process] = []
+        #: Killed incarnations by replica, until reaped.
+        self.dead: dict[str, list[trio.Process]] = {}
         self.env = dict(os.environ, SKULK_CLUSTER_SECRET=secrets.token_hex(32))
 
     async def start(self, name: str) -> None:
+        # A killed incarnation holds its ports until it has exited, which SIGKILL does not make
+        # instant (a process waiting on an fsync exits when the fsync ends).
+        for old in self.dead.get(name, ()):
+            await old.wait()
         nodes = ",".join(f"{n}=127.0.0.1:{p}" for n, p in self.peer_ports.items())
         command = [
             sys.executable, "-m", "skulk.bench._raftnode", "--system", self.system,
@@ -145,7 +155,7 @@ class Cluster:
         """kill -9 the replica's process group (it is reaped by :meth:`reap`)."""
         proc = self.procs.pop(name, None)
         if proc is not None:
-            self.dead.append(proc)
+            self.dead.setdefault(name, []).append(proc)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -155,8 +165,9 @@ class Cluster:
         for name in list(self.procs):
             self.kill(name)
         with trio.move_on_after(10, shield=True):
-            for proc in self.dead:
-                await proc.wait()
+            for procs in self.dead.values():
+                for proc in procs:
+                    await proc.wait()
 
     async def status(self, name: str) -> Json | None:
         try:

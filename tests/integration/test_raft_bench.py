@@ -87,3 +87,39 @@ async def test_a_replica_that_exits_fails_the_wait_at_once_with_its_log(tmp_path
         assert "n2 exited" in message and "--- n2 ---" in message
     finally:
         await cluster.reap()
+
+
+
+class StillExiting:
+    """A killed incarnation that takes a while to exit (as one in an fsync does)."""
+
+    exited = False
+
+    async def wait(self) -> None:
+        await trio.sleep(0.3)
+        self.exited = True
+
+
+async def test_a_restart_waits_for_the_killed_incarnation_and_ports_are_distinct(
+    tmp_path: Path,
+) -> None:
+    """The failover phase kills a replica and starts it again on the same ports: the new one
+    must not start while the old one still holds them. Every replica port drawn is a
+    different port."""
+    from skulk.bench._raft import Cluster, Settings
+
+    cluster = Cluster("skulk", tmp_path, Settings())
+    ports = [*cluster.peer_ports.values(), *cluster.control.values()]
+    assert len(set(ports)) == len(ports)
+    try:
+        (tmp_path / "n1").mkdir()
+        await cluster.start("n1")
+        first = cluster.procs["n1"]
+        cluster.kill("n1")
+        old = StillExiting()
+        cluster.dead["n1"].append(old)  # type: ignore[arg-type]
+        await cluster.start("n1")
+        assert first.returncode is not None and old.exited
+        assert cluster.procs["n1"] is not first
+    finally:
+        await cluster.reap()
