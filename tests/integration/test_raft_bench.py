@@ -89,7 +89,6 @@ async def test_a_replica_that_exits_fails_the_wait_at_once_with_its_log(tmp_path
         await cluster.reap()
 
 
-
 class StillExiting:
     """A killed incarnation that takes a while to exit (as one in an fsync does)."""
 
