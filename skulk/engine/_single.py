@@ -20,10 +20,12 @@ from skulk.engine._batch import Batch, Prefill, Row
 from skulk.engine._engine import Engine, RequestError, Step
 from skulk.wire.runner import SamplingParams, TextPrompt
 
-#: The warm-up's requests: greedy, and sampled with top-p and top-k (compiling the sampler).
+#: The warm-up's requests: greedy, and sampled with and without top-p and top-k (compiling
+#: each of the sampler's compiled functions for the model).
 WARM_UP: Final = (
     SamplingParams(temperature=0.0, max_tokens=4),
     SamplingParams(temperature=1.0, top_p=0.9, top_k=8, seed=0, max_tokens=4),
+    SamplingParams(temperature=1.0, seed=0, max_tokens=4),
 )
 #: The warm-up's prompt repeats itself, so with speculation on the n-gram proposer finds a
 #: draft and a verify pass runs (and trims the cache) before the first real request.

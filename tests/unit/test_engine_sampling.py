@@ -12,8 +12,8 @@ from mlx_lm.sample_utils import apply_top_p as mlx_lm_top_p
 
 from skulk.engine._batch import Row
 from skulk.engine._engine import Engine, RequestError
-from skulk.engine._sampling import apply_top_k, apply_top_p
-from skulk.engine._single import decode_alone
+from skulk.engine._sampling import Sampler, apply_top_k, apply_top_p
+from skulk.engine._single import decode_alone, warm_up
 from skulk.models import ensure_demo_model
 from skulk.wire.runner import SamplingParams, TextPrompt
 
@@ -74,6 +74,65 @@ def test_new_top_p_values_do_not_compile_again(
         steps = list(decode_alone(engine, prompt, params))
         assert steps[-1].finish_reason is not None
     assert len(sort_calls) <= 1
+
+
+def eager_tokens(logits: mx.array, params: SamplingParams, steps: int) -> list[int]:
+    """What a sampler with ``params`` draws from ``logits`` ``steps`` times, computed with the
+    plain eager ops: split the key, normalise, filter, scale (a Python float, in the logits'
+    dtype), draw."""
+    assert params.seed is not None
+    key, drawn = mx.random.key(params.seed), []
+    for _ in range(steps):
+        key, sub = mx.random.split(key)
+        lp = logits - mx.logsumexp(logits, keepdims=True)
+        if 0 < params.top_p < 1:
+            lp = mlx_lm_top_p(lp, params.top_p)
+        if 0 < params.top_k < logits.shape[-1]:
+            lp = mlx_lm_top_k(lp, params.top_k)
+        drawn.append(int(mx.random.categorical(lp * (1 / params.temperature), key=sub).item()))
+    return drawn
+
+
+@pytest.mark.parametrize(("vocab", "dtype", "seed"), CASES)
+def test_the_compiled_draw_samples_exactly_what_the_eager_ops_do(
+    vocab: int, dtype: mx.Dtype, seed: int
+) -> None:
+    # The sampler draws with one compiled graph per token (split, scale, draw); a fused kernel
+    # that rounded differently would change seeded requests' tokens.
+    logits = (mx.random.normal((1, vocab), key=mx.random.key(seed)) * 3).astype(dtype)
+    for params in (
+        SamplingParams(temperature=0.7, seed=seed),
+        SamplingParams(temperature=1.3, top_p=0.9, seed=seed + 10),
+        SamplingParams(temperature=0.5, top_k=40, seed=seed + 20),
+        SamplingParams(temperature=1.0, top_p=0.8, top_k=100, seed=seed + 30),
+    ):
+        sampler = Sampler(params, vocab)
+        ours = [int(sampler(logits).item()) for _ in range(40)]
+        assert ours == eager_tokens(logits, params, 40), params
+        ahead = Sampler(params, vocab)
+        assert ahead.sample_ahead(mx.concatenate([logits] * 5)).tolist() == ours[:5]
+
+
+def test_new_temperatures_do_not_compile_the_draw_again(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The temperature is an input of the compiled draw, not a constant traced into it, and the
+    # warm-up traces both draws (with and without filters): the draw's Python body (a key
+    # split) runs only when a graph is traced, which the first request must not pay for.
+    warm_up(engine)  # what a runner does before its first request
+    splits = 0
+    real = mx.random.split
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal splits
+        splits += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mx.random, "split", counting)
+    for i in range(8):
+        tokens(engine, SamplingParams(temperature=0.3 + i / 7, seed=i, max_tokens=3))
+        tokens(engine, SamplingParams(temperature=0.3 + i / 7, top_p=0.9, seed=i, max_tokens=3))
+    assert splits == 0
 
 
 def tokens(engine: Engine, params: SamplingParams, prompt: str = "once upon a time") -> list[int]:

@@ -85,10 +85,11 @@ def test_the_warm_up_decodes_greedy_and_sampled_requests_through_the_batch(
     monkeypatch.setattr(Batch, "add", add)
     monkeypatch.setattr(Batch, "step", step)
     warm_up(engine)
-    greedy, sampled = WARM_UP
+    greedy, filtered, unfiltered = WARM_UP
     assert greedy.temperature == 0.0
-    assert sampled.temperature > 0 and 0 < sampled.top_p < 1 and sampled.top_k > 0
-    assert [row.sampler.greedy for row in added] == [True, False]
+    assert filtered.temperature > 0 and 0 < filtered.top_p < 1 and filtered.top_k > 0
+    assert unfiltered.temperature > 0 and not 0 < unfiltered.top_p < 1 and unfiltered.top_k == 0
+    assert [row.sampler.greedy for row in added] == [True, False, False]
     # every warm-up request ran to its end through Batch.step
     assert all(row.finish_reason is not None for row in added)
     assert sum(s.finish_reason is not None for s in handed_out) == len(WARM_UP)

@@ -424,8 +424,8 @@ def test_the_distribution_test_catches_one_key_for_all_rows(
         self._ahead_from = self._key
         key, sub = mx.random.split(self._key)
         self._ahead = [key] * int(logits.shape[0])
-        rows = [self._scaled_logprobs(logits[i : i + 1]) for i in range(int(logits.shape[0]))]
-        return mx.concatenate([mx.random.categorical(row, key=sub) for row in rows])
+        rows = [self._filtered(logits[i : i + 1]) for i in range(int(logits.shape[0]))]
+        return mx.concatenate([mx.random.categorical(row * self._scale, key=sub) for row in rows])
 
     monkeypatch.setattr(Sampler, "sample_ahead", one_key)
     stat, critical = chi_square(Counter(first_two(seed) for seed in SEEDS), joint_target())
