@@ -64,8 +64,13 @@ def _draw(logprobs: mx.array, key: mx.array, scale: mx.array) -> tuple[mx.array,
     return mx.random.categorical(logprobs * scale, key=sub), key
 
 
+def _normalise(logits: mx.array) -> mx.array:
+    # Log-probabilities over the whole array (one row: shape (1, vocab)).
+    return logits - mx.logsumexp(logits, keepdims=True)
+
+
 def _normalised_draw(logits: mx.array, key: mx.array, scale: mx.array) -> tuple[mx.array, mx.array]:
-    return _draw(logits - mx.logsumexp(logits, keepdims=True), key, scale)
+    return _draw(_normalise(logits), key, scale)
 
 
 _Draw = Callable[[mx.array, mx.array, mx.array], tuple[mx.array, mx.array]]
@@ -121,6 +126,7 @@ class Sampler:
     def __init__(self, params: SamplingParams, vocab_size: int) -> None:
         self.greedy = params.temperature < MIN_TEMPERATURE
         self._scale = 0.0 if self.greedy else 1.0 / params.temperature
+        self._scale_array: mx.array | None = None  # _scale in the logits' dtype
         self._top_p = mx.array(params.top_p, dtype=mx.float32) if 0 < params.top_p < 1 else None
         self._top_k = params.top_k if 0 < params.top_k < vocab_size else None
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
@@ -156,15 +162,17 @@ class Sampler:
         """One row's token (``logits`` of shape ``(1, vocab)``; the normalisation runs over the
         whole array) drawn with the subkey split from ``key``, and the key after that split."""
         # The scale in the logits' dtype, as a Python float would multiply them (a float32
-        # array would promote half-precision logits).
-        scale = mx.array(self._scale, dtype=logits.dtype)
+        # array would promote half-precision logits); made once, not per token.
+        scale = self._scale_array
+        if scale is None or scale.dtype != logits.dtype:
+            scale = self._scale_array = mx.array(self._scale, dtype=logits.dtype)
         if self._top_p is None and self._top_k is None:
             return _compiled_normalised_draw(logits, key, scale)
         return _compiled_draw(self._filtered(logits), key, scale)
 
     def _filtered(self, logits: mx.array) -> mx.array:
         """One row's log-probabilities with top-p and top-k applied (before the temperature)."""
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        logprobs = _normalise(logits)
         if self._top_p is not None:
             logprobs = apply_top_p(logprobs, self._top_p)
         if self._top_k is not None:
