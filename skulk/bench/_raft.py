@@ -69,6 +69,8 @@ class Settings:
 #: connection (the benchmark's own status polls, the replicas' dials) can be given one as its
 #: source port between the draw and the replica's bind.
 PORTS = range(20000, 32000)
+#: Seconds a killed replica has to exit before its restart gives up.
+EXIT_DEADLINE = 30.0
 
 
 def _free_port(taken: set[int]) -> int:
@@ -132,8 +134,14 @@ class Cluster:
     async def start(self, name: str) -> None:
         # A killed incarnation holds its ports until it has exited, which SIGKILL does not make
         # instant (a process waiting on an fsync exits when the fsync ends).
-        for old in self.dead.get(name, ()):
-            await old.wait()
+        try:
+            with trio.fail_after(EXIT_DEADLINE):
+                for old in self.dead.get(name, ()):
+                    await old.wait()
+        except trio.TooSlowError:
+            raise RuntimeError(
+                f"{self.system} replica {name}: killed, still running after {EXIT_DEADLINE:g} s"
+            ) from None
         nodes = ",".join(f"{n}=127.0.0.1:{p}" for n, p in self.peer_ports.items())
         command = [
             sys.executable, "-m", "skulk.bench._raftnode", "--system", self.system,

@@ -122,3 +122,23 @@ async def test_a_restart_waits_for_the_killed_incarnation_and_ports_are_distinct
         assert cluster.procs["n1"] is not first
     finally:
         await cluster.reap()
+
+
+class NeverExiting:
+    """A killed incarnation that never exits."""
+
+    async def wait(self) -> None:
+        await trio.sleep_forever()
+
+
+async def test_a_restart_gives_up_on_a_killed_incarnation_that_never_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skulk.bench import _raft
+
+    monkeypatch.setattr(_raft, "EXIT_DEADLINE", 0.2)
+    cluster = _raft.Cluster("skulk", tmp_path, _raft.Settings())
+    cluster.dead["n1"] = [NeverExiting()]  # type: ignore[list-item]
+    with trio.fail_after(10), pytest.raises(RuntimeError, match="n1: killed, still running"):
+        await cluster.start("n1")
+    assert "n1" not in cluster.procs
