@@ -1,7 +1,9 @@
 """Any-node routing: which instance serves a request for a model, and serving it there.
 
 The API asks :meth:`Router.route` for a model and the request's prompt: the router orders the
-*ready* instances from the cluster State by prefix affinity with a balance bound
+*ready* instances from the cluster State (when none is, the instances on other nodes the State
+shows loading: their ready phase reaches this node a commit after their own node sees it, so
+that node is asked) by prefix affinity with a balance bound
 (:mod:`skulk.routing._policy`: rendezvous hashing of the prompt's head, so a conversation
 asked through any node lands on the instance whose prefix cache holds it, unless that instance
 has more than ``affinity_slack`` more of this node's requests in flight than the least loaded
@@ -232,13 +234,26 @@ class Router:
             self.metrics.requests.refused(model if registered else "", "", "none", reason)
             raise ModelNotPlaced(model, registered=registered, loaded=loaded)
         states = {i.id: self.instance_state(state, i) for i in instances}
-        ready = [i for i in instances if states[i.id] == "ready"]
-        if not ready:
+        servable = self._servable(instances, states)
+        if not servable:
             self.metrics.requests.refused(model, "", "none", "not_ready")
             raise NoReadyInstance(model, states)
-        route = self._choose(model, ready, prompt)
+        route = self._choose(model, servable, prompt)
         assert route is not None
         return route
+
+    def _servable(self, instances: list[Instance], states: dict[str, str]) -> list[Instance]:
+        """The ``instances`` a request may go to: the ready ones; when none is, those whose
+        rank 0 is on another node and that the State shows ``loading``. A runner's ready phase
+        reaches this node's State a commit after its own node saw it (proposed, replicated,
+        applied here): in that window the serving node, whose word is final, is asked, and a
+        runner still loading there refuses at once (``not_ready``, a 503 as before)."""
+        ready = [i for i in instances if states[i.id] == "ready"]
+        if ready:
+            return ready
+        return [
+            i for i in instances if states[i.id] == "loading" and i.shards[0].node != self.node_id
+        ]
 
     def _choose(
         self,
@@ -264,15 +279,12 @@ class Router:
         return Route(model, best, node, node == self.node_id, choice.how)
 
     def _next(self, route: Route, prompt: Prompt | None, tried: frozenset[str]) -> Route | None:
-        """Where a request refused by ``tried`` instances goes next: the next ready one in
-        the same order, as the State stands now."""
+        """Where a request refused by ``tried`` instances goes next: the next servable one
+        (see :meth:`_servable`) in the same order, as the State stands now."""
         state = self._state()
-        ready = [
-            i
-            for i in state.instances
-            if i.model == route.model and self.instance_state(state, i) == "ready"
-        ]
-        return self._choose(route.model, ready, prompt, tried)
+        instances = [i for i in state.instances if i.model == route.model]
+        states = {i.id: self.instance_state(state, i) for i in instances}
+        return self._choose(route.model, self._servable(instances, states), prompt, tried)
 
     async def generate(
         self,

@@ -11,11 +11,13 @@ import pytest
 import trio
 import trio.testing
 
+from skulk.api._stream import routing_error
 from skulk.cluster import State, apply
 from skulk.metrics import NodeMetrics
 from skulk.routing import (
     Admission,
     NodeUnreachable,
+    NoReadyInstance,
     Overloaded,
     RemoteUnavailable,
     Route,
@@ -318,3 +320,38 @@ async def test_token_counts_and_embeddings_move_too() -> None:
     with pytest.raises(Overloaded):
         await r.embed(Route("m", "ib", "b", False), ())
     assert remote.calls == ["ib", "ic"] and r._in_flight == {}
+
+
+async def test_a_remote_instance_the_state_shows_loading_is_asked_when_none_is_ready() -> None:
+    """A runner's ready phase reaches this node's State a commit after its own node sees it
+    (a repro run asked through a third node in that window and got 503): with no instance
+    ready here, the serving node is asked, and its word is final."""
+    state = cluster(("ib", "b"))
+    state = run(state, ReportRunner("ib", 0, "b", "loading", None, 2))
+    remote = Remote()
+    r = router(state, remote=remote)
+    route = r.route("m", PROMPT)
+    assert (route.instance, route.node, route.local) == ("ib", "b", False)
+    assert await collect(r, route) == ["hi", GenerationEnd("stop", Usage(1, 1))]
+    still = RemoteUnavailable("b", "ib", "instance ib is loading")  # it is: 503 as before
+    remote = Remote(ib=still)
+    r = router(state, remote=remote)
+    with pytest.raises(RemoteUnavailable) as raised:
+        await collect(r, r.route("m", PROMPT))
+    assert raised.value is still and remote.calls == ["ib"]
+    assert routing_error(raised.value).code == "model_not_ready"
+
+
+async def test_ready_beats_a_loading_hint_and_local_or_failed_ones_are_never_asked() -> None:
+    state = cluster(("ib", "b"), ("ic", "c"))
+    state = run(state, ReportRunner("ib", 0, "b", "loading", None, 2))
+    assert router(state).route("m", PROMPT).instance == "ic"  # ready beats a loading hint
+    state = run(state, ReportRunner("ic", 0, "c", "failed", "crash_loop", 2))
+    assert router(state).route("m", PROMPT).instance == "ib"  # failed: never asked
+    state = cluster()  # this node's own loading runner: its view is final, nothing to ask
+    state = run(state, PlaceInstance("ime", "m", "single", (Shard(0, "me", 0, 2),), 0))
+    loading = Local()
+    loading.ready = False
+    with pytest.raises(NoReadyInstance) as none:
+        router(state, {"ime": loading}).route("m", PROMPT)
+    assert none.value.states == {"ime": "loading"} and loading.calls == 0
