@@ -34,6 +34,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from skulk.api import (
+    close_on_client_eof,
     create_app,
     envelope_hypercorn_errors,
     exposure_warning,
@@ -386,6 +387,7 @@ async def serve(
         store=store,
     )
     envelope_hypercorn_errors()  # the answers Hypercorn gives without the app: the envelope too
+    close_on_client_eof()  # a client's EOF closes its connection, not the keep-alive timeout
     hc = HypercornConfig()
     hc.bind = [_bind(config.host, config.port)]
     hc.graceful_timeout = GRACEFUL_TIMEOUT

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import h11
 import httpx
 import openai
+import psutil
 import pytest
 import trio
 from trio_websocket import open_websocket_url
@@ -360,6 +361,43 @@ def test_each_request_is_logged_once_with_its_status(server: NodeProcess) -> Non
         assert len(lines) == 1, lines
         if expected[agent]:
             assert f" {expected[agent]} " in lines[0], lines[0]
+
+
+def test_a_client_that_half_closes_after_its_answer_sees_the_connection_end(
+    server: NodeProcess,
+) -> None:
+    """Hypercorn kept such a connection for the whole keep-alive timeout (75 s): the client's
+    EOF came after the response had ended, while the server waited for a next request."""
+    conn = RawConnection(server.url)
+    try:
+        conn.request("GET", "/health", **{"User-Agent": "half-close-after"})
+        status, _, _ = conn.response()
+        assert status in (200, 503)
+        conn.sock.shutdown(socket.SHUT_WR)
+        conn.sock.settimeout(30)  # far under the keep-alive timeout, far over a close
+        assert conn.sock.recv(65536) == b"", "the server answered again"
+    finally:
+        conn.close()
+
+
+def test_one_shot_clients_leave_no_socket_behind(server: NodeProcess) -> None:
+    """A client that closes its connection after one answer (curl, ``httpx.post``) must not
+    leave the node holding the socket in ``CLOSE_WAIT`` for the keep-alive timeout: at a few
+    hundred a second that was every file descriptor the node may open."""
+    assert server.proc is not None
+    node = psutil.Process(server.proc.pid)
+    port = urlsplit(server.url).port
+
+    def lingering() -> list[object]:
+        return [
+            c
+            for c in node.net_connections(kind="tcp")
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_CLOSE_WAIT
+        ]
+
+    for _ in range(100):
+        assert httpx.get(server.url + "/health", timeout=30).status_code in (200, 503)
+    server.wait_for(lambda: not lingering(), 20, "no CLOSE_WAIT socket")  # keep-alive: 75 s
 
 
 # ---- 7. adversarial values -------------------------------------------------------------------
