@@ -29,7 +29,8 @@ served it last), with how its instance was chosen and each move.
 
 Failures are typed: :class:`ModelNotPlaced` (no instance of the model anywhere; 404 when the
 model is unknown, 503 when it is registered or when this node's State is still loading),
-:class:`NoReadyInstance` (instances exist, none is ready: 503 with their states), and what
+:class:`NoReadyInstance` (instances exist, none is ready: 503 with their states; also when
+the serving node of an instance this node's State shows loading confirms it), and what
 serving raises (``Overloaded`` → 429 with
 ``Retry-After``, ``RequestFailure``/``ModelUnavailable`` as for a local runner): the last
 instance's failure when every move was spent.
@@ -319,6 +320,8 @@ class Router:
                 except Exception as exc:
                     following = None if output else self._move(route, prompt, exc, arrived, tried)
                     if following is None:
+                        if (refusal := self._still_not_ready(route.model, exc)) is not None:
+                            raise refusal from exc
                         raise
                     route = following
                     observed.instance, observed.route = route.instance, _where(route)
@@ -430,12 +433,29 @@ class Router:
             except Exception as exc:
                 following = self._move(route, prompt, exc, arrived, tried)
                 if following is None:
+                    if (refusal := self._still_not_ready(route.model, exc)) is not None:
+                        raise refusal from exc
                     raise
             finally:
                 self._done(route)
             route = following
             if served is not None:
                 served.route = route
+
+    def _still_not_ready(self, model: str, exc: Exception) -> NoReadyInstance | None:
+        """A serving node's refusal (``exc``) as :class:`NoReadyInstance`, when this node's
+        State still shows no instance of ``model`` ready: the node was asked because the State
+        showed its instance loading (:meth:`_servable`), it said so too, and the client gets
+        the answer it would have got without asking (each instance's state, not the serving
+        node's word alone: "does not run here" for an instance its node has not started
+        yet)."""
+        if not isinstance(exc, RemoteUnavailable):
+            return None
+        state = self._state()
+        states = {i.id: self.instance_state(state, i) for i in state.instances if i.model == model}
+        if not states or "ready" in states.values():
+            return None
+        return NoReadyInstance(model, states)
 
     def _service(self, route: Route) -> ModelService:
         service = self._local(route.instance)

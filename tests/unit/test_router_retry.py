@@ -333,13 +333,18 @@ async def test_a_remote_instance_the_state_shows_loading_is_asked_when_none_is_r
     route = r.route("m", PROMPT)
     assert (route.instance, route.node, route.local) == ("ib", "b", False)
     assert await collect(r, route) == ["hi", GenerationEnd("stop", Usage(1, 1))]
-    still = RemoteUnavailable("b", "ib", "instance ib is loading")  # it is: 503 as before
+    # Not started there yet: the client gets the 503 it got before the node was asked.
+    still = RemoteUnavailable("b", "ib", "instance ib does not run here")
     remote = Remote(ib=still)
     r = router(state, remote=remote)
-    with pytest.raises(RemoteUnavailable) as raised:
+    with pytest.raises(NoReadyInstance) as raised:
         await collect(r, r.route("m", PROMPT))
-    assert raised.value is still and remote.calls == ["ib"]
+    assert raised.value.states == {"ib": "loading"} and raised.value.__cause__ is still
+    assert remote.calls == ["ib"]
     assert routing_error(raised.value).code == "model_not_ready"
+    with pytest.raises(NoReadyInstance):  # a one-answer request the same
+        await r.count_tokens(r.route("m", PROMPT), PROMPT)
+    assert remote.calls == ["ib", "ib"]
 
 
 async def test_ready_beats_a_loading_hint_and_local_or_failed_ones_are_never_asked() -> None:
