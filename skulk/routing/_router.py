@@ -224,7 +224,7 @@ class Router:
         """The instance to serve ``model`` now, for ``prompt`` when given (see the module
         doc)."""
         state = self._state()
-        instances = [i for i in state.instances if i.model == model]
+        instances, states = self._of_model(state, model)
         if not instances:
             registered = state.model(model) is not None
             loaded = state.node(self.node_id) is not None
@@ -234,7 +234,6 @@ class Router:
             )
             self.metrics.requests.refused(model if registered else "", "", "none", reason)
             raise ModelNotPlaced(model, registered=registered, loaded=loaded)
-        states = {i.id: self.instance_state(state, i) for i in instances}
         servable = self._servable(instances, states)
         if not servable:
             self.metrics.requests.refused(model, "", "none", "not_ready")
@@ -242,6 +241,11 @@ class Router:
         route = self._choose(model, servable, prompt)
         assert route is not None
         return route
+
+    def _of_model(self, state: State, model: str) -> tuple[list[Instance], dict[str, str]]:
+        """``model``'s instances in ``state``, and each one's :meth:`instance_state`."""
+        instances = [i for i in state.instances if i.model == model]
+        return instances, {i.id: self.instance_state(state, i) for i in instances}
 
     def _servable(self, instances: list[Instance], states: dict[str, str]) -> list[Instance]:
         """The ``instances`` a request may go to: the ready ones; when none is, those whose
@@ -282,9 +286,7 @@ class Router:
     def _next(self, route: Route, prompt: Prompt | None, tried: frozenset[str]) -> Route | None:
         """Where a request refused by ``tried`` instances goes next: the next servable one
         (see :meth:`_servable`) in the same order, as the State stands now."""
-        state = self._state()
-        instances = [i for i in state.instances if i.model == route.model]
-        states = {i.id: self.instance_state(state, i) for i in instances}
+        instances, states = self._of_model(self._state(), route.model)
         return self._choose(route.model, self._servable(instances, states), prompt, tried)
 
     async def generate(
@@ -451,8 +453,7 @@ class Router:
         yet)."""
         if not isinstance(exc, RemoteUnavailable):
             return None
-        state = self._state()
-        states = {i.id: self.instance_state(state, i) for i in state.instances if i.model == model}
+        _, states = self._of_model(self._state(), model)
         if not states or "ready" in states.values():
             return None
         return NoReadyInstance(model, states)
