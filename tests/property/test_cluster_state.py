@@ -185,11 +185,16 @@ def step(state: State, command: ClusterCommand) -> State:
     assert isinstance(result, Applied | Rejected)
     if isinstance(result, Rejected):
         assert new is state, "a rejection changes nothing"
-    if isinstance(command, PlaceInstance) and isinstance(result, Applied):
-        for shard in command.shards:
-            node = state.node(shard.node)
-            assert node is not None and node.status == "up", "placed only onto up nodes"
     key = getattr(command, "key", None)
+    if isinstance(command, PlaceInstance) and isinstance(result, Applied):
+        if key is not None and state.keyed(key) is not None:
+            # A keyed placement committed before: Applied again (the client's retry, planned
+            # anew, may name other nodes, even ones down since), and nothing is placed.
+            assert new is state, "a retried keyed placement changes nothing"
+        else:
+            for shard in command.shards:
+                node = state.node(shard.node)
+                assert node is not None and node.status == "up", "placed only onto up nodes"
     if key is not None and isinstance(result, Applied):
         assert new.keyed(key) is not None, "an applied keyed command leaves its key"
         assert apply(new, command) == (new, result), "its retry changes nothing, answers Applied"
